@@ -1,0 +1,24 @@
+# The two commands of this repo: `make test` and `make demo`. Each creates .venv if missing,
+# installs torch 2.13.0 first (the local CPU wheel; a bare `torch` would pull CUDA packages), then
+# this package non-editable with all extras, then runs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+
+.PHONY: test demo install
+
+$(PY):
+	python3 -m venv $(VENV)
+
+install: $(PY)
+	$(PIP) torch==2.13.0
+	$(PIP) "setuptools>=64" wheel
+	$(PIP) --no-build-isolation ".[all]"
+
+# pytest from the venv's bin (not `python -m pytest`) so tests import the installed package.
+test: install
+	$(VENV)/bin/fused-optim build
+	$(VENV)/bin/pytest -q
+
+demo: install
+	$(VENV)/bin/fused-optim bench --quick

@@ -1,0 +1,26 @@
+"""fused_optim: fast PyTorch optimizers with fused C++ (CPU) kernels built on first use.
+
+    import fused_optim
+    opt = fused_optim.FusedAdam(model.parameters(), lr=1e-3)          # AdamW by default
+    opt = fused_optim.create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9)
+
+See README.md for the algorithms, the ``fused`` flag and the environment variables.
+"""
+
+from . import _ops  # noqa: F401  (defines the op schemas)
+from ._build import build_error, is_available
+from .adam import FusedAdam
+from .optimizer import FusedOptimizer
+from .registry import create_optimizer, list_optimizers
+from .sgd import FusedSGD
+
+__all__ = [
+    "FusedAdam",
+    "FusedOptimizer",
+    "FusedSGD",
+    "build_error",
+    "create_optimizer",
+    "is_available",
+    "list_optimizers",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,125 @@
+"""Lazy, cached JIT build of the native kernels.
+
+Nothing is compiled at import. The first fused step (or :func:`load`, ``fused-optim build``)
+compiles ``csrc/cpu/*.cpp`` with ``torch.utils.cpp_extension.load`` into a library that only
+registers op implementations (no pybind). cpp_extension provides the file lock between processes
+and rebuilds when sources or flags change; the result is cached under ``TORCH_EXTENSIONS_DIR``.
+
+The extension name carries a CPU-ISA tag and the torch version, so a ``-march=native`` build made
+on one CPU (or for one torch) is never loaded on another.
+
+Environment:
+    TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
+    FUSED_OPTIM_VERBOSE_BUILD=1  print the compiler commands and output
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from . import _ops  # noqa: F401  (schemas must exist before the library registers impls)
+
+CSRC = Path(__file__).parent / "csrc"
+CFLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-math-errno"]
+LDFLAGS = ["-fopenmp"]
+
+_lock = threading.Lock()
+_state: dict = {"loaded": False, "error": None, "seconds": None}
+
+
+class BuildError(RuntimeError):
+    """The native kernels could not be built or loaded."""
+
+
+def cpu_sources() -> list[str]:
+    return sorted(str(p) for p in (CSRC / "cpu").glob("*.cpp"))
+
+
+def isa_tag() -> str:
+    """ATen's CPU capability plus a short hash of the CPU's feature flags (what -march=native sees)."""
+    flags = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    digest = hashlib.sha1(flags.encode()).hexdigest()[:8]
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
+
+
+def extension_name() -> str:
+    version = torch.__version__.split("+")[0].replace(".", "_")
+    return f"fused_optim_cpu_{isa_tag()}_torch{version}"
+
+
+def verbose() -> bool:
+    return os.environ.get("FUSED_OPTIM_VERBOSE_BUILD", "") not in ("", "0")
+
+
+def load() -> None:
+    """Build (or load from cache) the CPU kernels; raise :class:`BuildError` saying how to debug."""
+    with _lock:
+        if _state["loaded"]:
+            return
+        if _state["error"] is not None:
+            raise BuildError(_state["error"])
+        from torch.utils import cpp_extension
+
+        start = time.perf_counter()
+        try:
+            cpp_extension.load(
+                name=extension_name(),
+                sources=cpu_sources(),
+                extra_cflags=CFLAGS,
+                extra_ldflags=LDFLAGS,
+                extra_include_paths=[str(CSRC / "cpu")],
+                is_python_module=False,
+                with_cuda=False,
+                verbose=verbose(),
+            )
+        except Exception as exc:  # compiler missing, compile error, bad cache...
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            first = next((ln.strip() for ln in lines if "error" in ln.lower()), lines[-1])
+            _state["error"] = (
+                f"fused_optim could not build its CPU kernels ({type(exc).__name__}: {first}). "
+                "Run `FUSED_OPTIM_VERBOSE_BUILD=1 fused-optim build` to see the full compiler log "
+                f"(build directory: {build_directory()}); pass fused=False to use the pure-PyTorch "
+                "implementation instead."
+            )
+            raise BuildError(_state["error"]) from exc
+        _state["seconds"] = time.perf_counter() - start
+        _state["loaded"] = True
+
+
+def is_available() -> bool:
+    """True when the CPU kernels are built and loaded (builds them on first call)."""
+    try:
+        load()
+    except BuildError:
+        return False
+    return True
+
+
+def build_error() -> str | None:
+    """The message of a failed build, or None (no build attempted yet, or it succeeded)."""
+    return _state["error"]
+
+
+def build_seconds() -> float | None:
+    """Wall time of the build/load in this process, or None before it happened."""
+    return _state["seconds"]
+
+
+def build_directory() -> str:
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return _get_build_directory(extension_name(), verbose=False)

@@ -1,0 +1,94 @@
+"""FusedAdam: Adam / AdamW (torch.optim semantics, apex/ColossalAI FusedAdam signature)."""
+
+from __future__ import annotations
+
+import torch
+
+from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
+
+
+class FusedAdam(FusedOptimizer):
+    r"""Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
+
+    Update rule, per parameter p with gradient g (η lr, λ weight_decay, t the param's step)::
+
+        t ← t + 1
+        g ← −g                                          if maximize
+        p ← p·(1 − η·λ)                                 if adam_w_mode (decoupled, AdamW)
+        g ← g + λ·p                                     otherwise (L2, Adam)
+        m ← m + (1 − β1)·(g − m)                        (= β1·m + (1 − β1)·g)
+        v ← β2·v + (1 − β2)·g²
+        v̂ ← max(v̂, v) if amsgrad else v
+        bc1 = 1 − β1^t, bc2 = 1 − β2^t                  (both 1 if not bias_correction)
+        p ← p − (η / bc1) · m / (√v̂ / √bc2 + eps)
+
+    This is ``torch.optim.AdamW`` (``adam_w_mode=True``, the default, as in apex/ColossalAI
+    FusedAdam) or ``torch.optim.Adam`` (``adam_w_mode=False``), with torch's state names
+    (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and group key
+    ``decoupled_weight_decay``, so state dicts move between the two in both directions.
+    ``bias_correction=False`` gives ColossalAI CPUAdam/HybridAdam's option of the same name.
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr, betas, eps, weight_decay, amsgrad, maximize: as in torch.optim.Adam.
+        adam_w_mode: decoupled weight decay (AdamW). ``decoupled_weight_decay`` is torch's name
+            for the same flag; give one of them.
+        bias_correction: divide the moments by 1 − β^t.
+        set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "adam_"
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
+                 adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
+                 bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
+                 fused: bool | None = None):
+        if None not in (adam_w_mode, decoupled_weight_decay) and adam_w_mode != decoupled_weight_decay:
+            raise ValueError(
+                f"Invalid decoupled_weight_decay value: {decoupled_weight_decay} contradicts "
+                f"adam_w_mode={adam_w_mode} (they are the same flag; give one)"
+            )
+        adam_w_mode = next((m for m in (adam_w_mode, decoupled_weight_decay) if m is not None), True)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        decoupled_weight_decay=adam_w_mode, bias_correction=bias_correction,
+                        maximize=maximize)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _validate(self, group: dict) -> None:
+        check_lr(group["lr"])
+        check_nonnegative("epsilon", group["eps"])
+        check_nonnegative("weight_decay", group["weight_decay"])
+        betas = group["betas"]
+        check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
+        for i, beta in enumerate(betas):
+            check_range(f"beta parameter at index {i}", beta, 0.0 <= beta < 1.0, "betas must be in [0, 1)")
+
+    def _layout(self, group: dict) -> tuple:
+        return (group["amsgrad"],)
+
+    def _init_state(self, p, state, group) -> None:
+        if "step" not in state:
+            # torch.optim's layout: a 0-dim float32 counter (float64 under a float64 default dtype)
+            step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+            state["step"] = torch.tensor(0.0, dtype=step_dtype)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _state_lists(self, group, params, states, fresh) -> tuple:
+        return (
+            [st["exp_avg"] for st in states],
+            [st["exp_avg_sq"] for st in states],
+            [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
+            [st["step"] for st in states],
+        )
+
+    def _scalars(self, group: dict) -> dict:
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
+                    decoupled=group["decoupled_weight_decay"], maximize=group["maximize"],
+                    bias_correction=group["bias_correction"])

@@ -1,0 +1,63 @@
+"""The ``fused-optim`` command: ``info``, ``build``, ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from . import _build
+
+
+def cmd_info(args) -> int:
+    print(f"fused_optim      {__import__('fused_optim').__version__}")
+    print(f"torch            {torch.__version__}")
+    print(f"CPU capability   {torch.backends.cpu.get_cpu_capability()}  (extension {_build.extension_name()})")
+    print(f"threads          {torch.get_num_threads()}")
+    print(f"CUDA             {'available: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'not available'}")
+    ok = _build.is_available()
+    print(f"CPU kernels      {'built' if ok else 'NOT available'}  ({_build.build_directory()})")
+    if not ok:
+        print(_build.build_error())
+    return 0 if ok else 1
+
+
+def cmd_build(args) -> int:
+    start = time.perf_counter()
+    try:
+        _build.load()
+    except _build.BuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"CPU kernels ready in {time.perf_counter() - start:.1f} s ({_build.build_directory()})")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from . import benchmark
+
+    json_path, md_path = benchmark.run(Path(args.out), quick=args.quick, repeats=args.repeats)
+    print(md_path.read_text())
+    print(f"wrote {json_path} and {md_path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fused-optim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="build status, CPU ISA, threads, CUDA").set_defaults(fn=cmd_info)
+    sub.add_parser("build", help="build (or load from cache) the kernels, with timing").set_defaults(fn=cmd_build)
+    bench = sub.add_parser("bench", help="ours vs torch.optim, interleaved; writes JSON + markdown")
+    bench.add_argument("--quick", action="store_true", help="skip the 100M list and the build timing")
+    bench.add_argument("--repeats", type=int, default=None, help="rounds per case (default 11, quick 5)")
+    bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
+    bench.set_defaults(fn=cmd_bench)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

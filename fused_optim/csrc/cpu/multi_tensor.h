@@ -1,0 +1,255 @@
+// The only CPU launcher of fused_optim.
+//
+// An op hands over every tensor of one (group, device, dtype) bucket at once. The launcher cuts
+// all of them into kChunk-element work items and runs ONE at::parallel_for over the items, so a
+// model of many small tensors pays for one parallel region per step instead of one per tensor.
+// Inside an item, for_each_block() walks the elements in SIMD blocks of at::vec::Vectorized
+// converted to the op's math type (fp32 for fp16/bf16 storage, otherwise the storage type); the tail of an
+// item is staged through a zero-padded stack buffer so each op writes its math exactly once.
+#pragma once
+
+// at::vec picks its SIMD implementation from CPU_CAPABILITY_* macros that torch's own build sets
+// per dispatch copy. This library is built with -march=native, so take the widest set the
+// compiler enables (without one, Vectorized<T> is a plain array and bf16/fp16 crawl).
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#define CPU_CAPABILITY AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#define CPU_CAPABILITY AVX2
+#endif
+#endif
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace fused_optim {
+
+// 16K elements: 64 KiB of fp32 per stream, a multiple of a cache line for every dtype.
+constexpr int64_t kChunk = 16384;
+// Below this many elements in a bucket, one thread does everything (a parallel region costs more).
+constexpr int64_t kSerialBelow = 32768;
+
+template <typename T>
+using opmath_t = at::opmath_type<T>;
+template <typename T>
+using FVec = at::vec::Vectorized<opmath_t<T>>;
+
+// ---------------------------------------------------------------------------------------------
+// A block is what one iteration loads from each stream: one Vectorized of the math type, or for
+// fp16/bf16 storage one full Vectorized<T> (2x the fp32 lanes) converted into two fp32 halves.
+template <typename T>
+constexpr int kHalves = at::vec::is_reduced_floating_point_v<T> ? 2 : 1;
+template <typename T>
+constexpr int64_t kBlock = kHalves<T> * FVec<T>::size();
+
+template <typename T>
+struct Block {
+  FVec<T> v[kHalves<T>];
+};
+
+template <typename T>
+inline Block<T> load_block(const T* p) {
+  Block<T> b;
+  if constexpr (kHalves<T> == 2) {
+    at::vec::load_to_float(p, b.v[0], b.v[1]);
+  } else {
+    b.v[0] = FVec<T>::loadu(p);
+  }
+  return b;
+}
+
+template <typename T>
+inline void store_block(T* p, const Block<T>& b) {
+  if constexpr (kHalves<T> == 2) {
+    at::vec::convert_from_float<T>(b.v[0], b.v[1]).store(p);
+  } else {
+    b.v[0].store(p);
+  }
+}
+
+// Read-only streams (const pointers) are never written back.
+template <typename T>
+inline void store_block(const T*, const Block<T>&) {}
+
+template <typename T, typename Body, typename Tuple, size_t... I>
+inline void run_block(const Body& body, const Tuple& ptrs, int64_t i, std::index_sequence<I...>) {
+  auto vals = std::make_tuple(load_block(std::get<I>(ptrs) + i)...);
+  for (int h = 0; h < kHalves<T>; ++h) body(std::get<I>(vals).v[h]...);
+  (store_block(std::get<I>(ptrs) + i, std::get<I>(vals)), ...);
+}
+
+template <typename T>
+inline void copy_back(T* dst, const T* src, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(T));
+}
+
+template <typename T>
+inline void copy_back(const T*, const T*, int64_t) {}
+
+// The tail of an item: staged through zero-padded buffers, same vector body, mutable ones copied back.
+template <typename T, typename Body, typename Tuple, typename Staged, size_t... I>
+inline void stage_tail(const Body& body, const Tuple& ptrs, Staged& staged, int64_t i, int64_t tail,
+                       std::index_sequence<I...>) {
+  (std::memcpy(staged[I].data(), std::get<I>(ptrs) + i, tail * sizeof(T)), ...);
+  const auto staged_ptrs = std::make_tuple(
+      static_cast<std::tuple_element_t<I, Tuple>>(staged[I].data())...);
+  run_block<T>(body, staged_ptrs, 0, std::index_sequence<I...>{});
+  (copy_back(std::get<I>(ptrs) + i, staged[I].data(), tail), ...);
+}
+
+// Calls body(v0, v1, ...) with one SIMD block of each stream, for elements [begin, end).
+// body takes FVec<T>& for every stream and updates the mutable ones in place.
+template <typename T, typename Body, typename... Ptr>
+inline void for_each_block(int64_t begin, int64_t end, const Body& body, Ptr... streams) {
+  constexpr int64_t L = kBlock<T>;
+  constexpr size_t N = sizeof...(Ptr);
+  using Seq = std::make_index_sequence<N>;
+  const auto ptrs = std::make_tuple(streams...);
+  int64_t i = begin;
+  for (; i + L <= end; i += L) {
+    run_block<T>(body, ptrs, i, Seq{});
+  }
+  const int64_t tail = end - i;
+  if (tail == 0) return;
+  std::array<std::array<T, L>, N> staged{};
+  stage_tail<T>(body, ptrs, staged, i, tail, Seq{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher: fn(tensor_index, begin, end) is called for kChunk-sized pieces covering all
+// elements of all tensors, inside a single parallel region (or inline for small buckets).
+template <typename F>
+inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) {
+  struct Item {
+    int64_t tensor, begin, end;
+  };
+  std::vector<Item> items;
+  int64_t total = 0;
+  for (int64_t t = 0; t < static_cast<int64_t>(numels.size()); ++t) {
+    for (int64_t b = 0; b < numels[t]; b += kChunk) {
+      items.push_back({t, b, std::min(b + kChunk, numels[t])});
+    }
+    total += numels[t];
+  }
+  auto run = [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) fn(items[k].tensor, items[k].begin, items[k].end);
+  };
+  if (total < kSerialBelow || items.size() < 2) {
+    run(0, static_cast<int64_t>(items.size()));
+  } else {
+    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, run);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks shared by all ops. Tensors an op mutates must be contiguous (we never update a
+// copy); read-only inputs (grads) may be anything dense and are made contiguous here.
+
+inline void check_same_size(const char* op, const char* what, at::TensorList ref, at::TensorList other) {
+  TORCH_CHECK(other.size() == ref.size(), "fused_optim::", op, ": ", what, " has ", other.size(),
+              " tensors but params has ", ref.size());
+}
+
+inline void check_mutable(const char* op, const char* what, at::TensorList params, at::TensorList ts) {
+  check_same_size(op, what, params, ts);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const auto& t = ts[i];
+    TORCH_CHECK(t.device().is_cpu(), "fused_optim::", op, ": ", what, "[", i, "] is on ", t.device(),
+                "; the CPU kernel needs CPU tensors");
+    TORCH_CHECK(t.layout() == at::kStrided && t.is_contiguous(), "fused_optim::", op, ": ", what, "[", i,
+                "] must be a dense contiguous tensor (it is updated in place)");
+    TORCH_CHECK(t.scalar_type() == params[i].scalar_type(), "fused_optim::", op, ": ", what, "[", i,
+                "] has dtype ", t.scalar_type(), " but its param has ", params[i].scalar_type());
+    TORCH_CHECK(t.numel() == params[i].numel(), "fused_optim::", op, ": ", what, "[", i, "] has ",
+                t.numel(), " elements but its param has ", params[i].numel());
+  }
+}
+
+// Returns the grads as contiguous tensors of the params' dtype layout (copies only if needed).
+inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
+  check_same_size(op, "grads", params, grads);
+  std::vector<at::Tensor> out;
+  out.reserve(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = grads[i];
+    TORCH_CHECK(g.layout() == at::kStrided, "fused_optim::", op, ": grads[", i,
+                "] is sparse; fused_optim does not support sparse gradients (use torch.optim.SparseAdam)");
+    TORCH_CHECK(g.scalar_type() == params[i].scalar_type() && g.numel() == params[i].numel() &&
+                    g.device() == params[i].device(),
+                "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", ", g.numel(),
+                " elements) does not match its param (", params[i].scalar_type(), ", ", params[i].numel(),
+                " elements)");
+    out.push_back(g.contiguous());
+  }
+  return out;
+}
+
+// grad_scale / found_inf as set by torch.amp.GradScaler: skip everything when found_inf != 0,
+// otherwise multiply grads by 1/grad_scale inside the kernel.
+struct AmpArgs {
+  bool skip = false;
+  double inv_scale = 1.0;
+};
+
+inline AmpArgs read_amp(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  AmpArgs amp;
+  if (found_inf.has_value() && found_inf->defined()) {
+    TORCH_CHECK(found_inf->numel() == 1, "fused_optim: found_inf must have one element");
+    amp.skip = found_inf->item<double>() != 0.0;
+  }
+  if (grad_scale.has_value() && grad_scale->defined()) {
+    TORCH_CHECK(grad_scale->numel() == 1, "fused_optim: grad_scale must have one element");
+    amp.inv_scale = 1.0 / grad_scale->item<double>();
+  }
+  return amp;
+}
+
+template <typename T>
+inline T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// Float step counters (torch.optim's layout: 0-dim float32, or float64 under a float64 default),
+// read and written through their data pointer: a dispatcher call per tensor would cost microseconds.
+inline void check_steps(const char* op, at::TensorList params, at::TensorList steps) {
+  check_same_size(op, "steps", params, steps);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    TORCH_CHECK(s.numel() == 1 && s.device().is_cpu() &&
+                    (s.scalar_type() == at::kFloat || s.scalar_type() == at::kDouble),
+                "fused_optim::", op, ": steps[", i, "] must be a 1-element float32/float64 CPU tensor");
+  }
+}
+
+inline double read_step(const at::Tensor& s) {
+  return s.scalar_type() == at::kFloat ? static_cast<double>(*ptr<float>(s)) : *ptr<double>(s);
+}
+
+inline void write_step(const at::Tensor& s, double value) {
+  if (s.scalar_type() == at::kFloat) {
+    *ptr<float>(s) = static_cast<float>(value);
+  } else {
+    *ptr<double>(s) = value;
+  }
+}
+
+#define FUSED_OPTIM_DISPATCH_FLOATING(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+
+}  // namespace fused_optim

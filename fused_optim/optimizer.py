@@ -1,0 +1,263 @@
+"""``FusedOptimizer``: everything an optimizer needs except its update rule.
+
+An algorithm subclass declares data and small hooks:
+
+* ``op_name``: the op in :mod:`._ops` (kernel) and :mod:`._reference` (pure PyTorch) it calls;
+* ``_validate(group)``: torch-style ``ValueError`` for bad hyperparameters (defaults and every group);
+* ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names);
+* ``_state_lists(group, params, states, fresh)``: the op's list arguments after params and grads
+  (``fresh[i]``: param i got new state for this step, i.e. this is its first step);
+* ``_scalars(group)``: the op's keyword scalars;
+* ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off).
+
+The base class validates, initializes state lazily, buckets each group's params by (device,
+dtype, kernel eligibility), caches the tensor lists (rebuilt only when the set of params with
+grads, the state or the layout changes), and calls one op per bucket. It implements the AMP
+contract of ``torch.amp.GradScaler`` (``grad_scale`` / ``found_inf`` are handed to the op, which
+unscales inside and skips everything on overflow) and the three-valued ``fused`` flag:
+
+* ``fused=None`` (default): the kernels where they build and the tensors are supported, else the
+  reference implementation with one warning saying why;
+* ``fused=True``: the kernels or an error that says what failed and how to fix it;
+* ``fused=False``: always the reference implementation.
+
+``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
+``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import Tensor
+
+from . import _build, _ops, _reference
+
+FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+FUSED_DEVICE_TYPES = ("cpu",)
+
+_build_warning_shown = False
+
+
+def check_range(label: str, value: Any, ok: bool, need: str) -> None:
+    """Raise torch-style ``ValueError("Invalid <label>: <value>")`` plus what is needed."""
+    if not ok:
+        raise ValueError(f"Invalid {label}: {value} ({need})")
+
+
+def check_lr(lr: Any) -> None:
+    if isinstance(lr, Tensor):
+        raise ValueError("Invalid learning rate: a Tensor lr is not supported by fused_optim yet (pass a float)")
+    check_range("learning rate", lr, isinstance(lr, (int, float)) and lr >= 0.0, "lr must be a float >= 0")
+
+
+def check_nonnegative(name: str, value: Any) -> None:
+    check_range(f"{name} value", value, isinstance(value, (int, float)) and value >= 0.0, f"{name} must be >= 0")
+
+
+@dataclass
+class _Bucket:
+    """Params of one group sharing (device, dtype, kernel eligibility), with cached op lists."""
+
+    index: list[int]  # positions in the group's params
+    params: list[Tensor]
+    lists: tuple
+    fused: bool
+    dtype: torch.dtype
+
+
+@dataclass
+class _Plan:
+    key: tuple
+    buckets: list[_Bucket]
+    created: list[tuple[dict, list[str]]] = field(default_factory=list)  # state keys made for this step
+
+
+class FusedOptimizer(torch.optim.Optimizer):
+    op_name: ClassVar[str]
+    _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
+
+    def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
+        if fused not in (None, True, False):
+            raise ValueError(f"Invalid fused value: {fused!r} (use None, True or False)")
+        self.fused = fused
+        self.set_grad_none = bool(set_grad_none)
+        self.implementation: str | None = "reference" if fused is False else None
+        self._plans: dict[int, _Plan] = {}
+        self._warned: set[str] = set()
+        self._validate(defaults)
+        super().__init__(params, defaults)
+
+    # ---- hooks for algorithms -------------------------------------------------------------
+    def _validate(self, group: dict) -> None:
+        raise NotImplementedError
+
+    def _init_state(self, p: Tensor, state: dict, group: dict) -> None:
+        raise NotImplementedError
+
+    def _state_lists(self, group: dict, params: list[Tensor], states: list[dict], fresh: list[bool]) -> tuple:
+        raise NotImplementedError
+
+    def _scalars(self, group: dict) -> dict:
+        raise NotImplementedError
+
+    def _layout(self, group: dict) -> tuple:
+        return ()
+
+    # ---- torch.optim.Optimizer API ---------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
+        self._validate(merged)
+        params = param_group["params"]
+        for p in [params] if isinstance(params, Tensor) else list(params):
+            if isinstance(p, Tensor) and p.is_complex():
+                raise ValueError(
+                    f"{type(self).__name__} does not support complex parameters (got {p.dtype}); "
+                    "optimize torch.view_as_real(param) or use torch.optim"
+                )
+        super().add_param_group(param_group)
+        self._plans.clear()
+
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # groups saved by torch.optim lack our keys
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+        self.__dict__.setdefault("fused", None)  # unpickled from an older version
+        self.__dict__.setdefault("set_grad_none", True)
+        self.__dict__.setdefault("implementation", "reference" if self.fused is False else None)
+        self.__dict__.setdefault("_warned", set())
+        self._plans = {}  # load_state_dict ends here: state tensors were replaced
+
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Like torch's; ``set_to_none=None`` uses the optimizer's ``set_grad_none`` default."""
+        super().zero_grad(self.set_grad_none if set_to_none is None else set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """One update of every param with a grad; runs ``closure`` first and returns its loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = self._amp_args()
+        used = set()
+        for gi, group in enumerate(self.param_groups):
+            grads = [p.grad for p in group["params"]]
+            plan = self._plan(gi, group, grads)
+            scalars = self._scalars(group)
+            for bucket in plan.buckets:
+                bgrads = [grads[i] for i in bucket.index]
+                fused = self._grads_fit(bucket, bgrads, gi)
+                fn = _ops.op(self.op_name) if fused else getattr(_reference, self.op_name)
+                fn(bucket.params, bgrads, *bucket.lists, grad_scale=grad_scale, found_inf=found_inf, **scalars)
+                used.add("fused" if fused else "reference")
+            if plan.created:
+                # A skipped (overflow) first step must leave the params as never stepped.
+                if found_inf is not None and bool(found_inf.item()):
+                    for state, keys in plan.created:
+                        for k in keys:
+                            del state[k]
+                del self._plans[id(group)]  # the lists change after a param's first step
+        if used:
+            self.implementation = used.pop() if len(used) == 1 else "mixed"
+        return loss
+
+    # ---- internals --------------------------------------------------------------------------
+    def _amp_args(self) -> tuple[Tensor | None, Tensor | None]:
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and not isinstance(found_inf, Tensor):
+            # GradScaler passes a plain 0 when it recorded no inf checks for this optimizer.
+            found_inf = torch.tensor(float(found_inf))
+        return grad_scale, found_inf
+
+    def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
+        key = (tuple(g is not None for g in grads), self._layout(group))
+        plan = self._plans.get(id(group))
+        if plan is not None and plan.key == key:
+            return plan
+        plan = _Plan(key, [])
+        kernels = self.fused is not False and self._kernels_available()
+        by_kind: dict[tuple, list[int]] = {}
+        for i, (p, g) in enumerate(zip(group["params"], grads)):
+            if g is None:
+                continue
+            state = self.state[p]
+            before = set(state)
+            self._init_state(p, state, group)
+            if len(state) != len(before):
+                plan.created.append((state, [k for k in state if k not in before]))
+            reason = self._unfusable(p, state) if kernels else "kernels unavailable"
+            if reason and self.fused is not False and kernels:
+                self._fallback(f"param {i} of group {gi} {reason}")
+            by_kind.setdefault((p.device, p.dtype, reason is None), []).append(i)
+        fresh_ids = {id(state) for state, _ in plan.created}
+        for (_, dtype, fused), index in by_kind.items():
+            params = [group["params"][i] for i in index]
+            states = [self.state[p] for p in params]
+            lists = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
+            plan.buckets.append(_Bucket(index, params, lists, fused, dtype))
+        self._plans[id(group)] = plan
+        return plan
+
+    def _kernels_available(self) -> bool:
+        global _build_warning_shown
+        try:
+            _build.load()
+            return True
+        except _build.BuildError:
+            if self.fused:
+                raise
+            if not _build_warning_shown:
+                _build_warning_shown = True
+                warnings.warn(f"{_build.build_error()} Falling back to the reference implementation.", stacklevel=4)
+            return False
+
+    def _unfusable(self, p: Tensor, state: dict) -> str | None:
+        """Why the kernel cannot update ``p`` in place, or None when it can."""
+        if p.device.type not in FUSED_DEVICE_TYPES:
+            return f"is on {p.device}, which has no fused kernel yet"
+        if p.dtype not in FUSED_DTYPES:
+            return f"has dtype {p.dtype}, which has no fused kernel"
+        if not p.is_contiguous():
+            return "is not contiguous (the kernel never updates a copy)"
+        for name, t in state.items():
+            if isinstance(t, Tensor) and name != "step" and not (
+                t.is_contiguous() and t.dtype == p.dtype and t.device == p.device
+            ):
+                return f"has state '{name}' that is not a contiguous {p.dtype} tensor on {p.device}"
+        return None
+
+    def _grads_fit(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> bool:
+        """Whether the kernel runs this bucket this step; raises on sparse grads."""
+        dtype = bucket.dtype
+        if all(g.dtype is dtype and g.layout is torch.strided for g in grads):
+            return bucket.fused
+        for i, g in zip(bucket.index, grads):
+            if g.layout is not torch.strided:
+                raise RuntimeError(
+                    f"{type(self).__name__}: param {i} of group {gi} has a sparse gradient; "
+                    "fused_optim does not support sparse gradients (use torch.optim.SparseAdam)"
+                )
+        if bucket.fused:
+            self._fallback(f"group {gi} has gradients whose dtype differs from their params' ({dtype})")
+        return False
+
+    def _fallback(self, why: str) -> None:
+        hint = "make the tensors contiguous/supported, or pass fused=False"
+        if self.fused:
+            raise RuntimeError(f"{type(self).__name__}(fused=True): {why}; {hint}")
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(
+                f"{type(self).__name__}: {why}; it is updated by the slower reference implementation "
+                f"({hint} to silence this).",
+                stacklevel=4,
+            )

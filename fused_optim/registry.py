@@ -1,0 +1,58 @@
+"""Optimizers by name: ``create_optimizer("adamw", model.parameters(), lr=1e-3)``.
+
+Each entry is a class plus the defaults that make the named variant (``"adam"`` is FusedAdam
+with ``adam_w_mode=False``), so a variant is an entry, never a new class. The framework adapters
+read this table, so an optimizer added here needs no adapter change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .adam import FusedAdam
+from .sgd import FusedSGD
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str
+    cls: type[torch.optim.Optimizer]
+    defaults: dict = field(default_factory=dict)
+    description: str = ""
+
+
+_REGISTRY: dict[str, OptimizerSpec] = {}
+
+
+def register(spec: OptimizerSpec) -> None:
+    """Add (or replace) a named optimizer; names are case-insensitive."""
+    _REGISTRY[spec.name.lower()] = spec
+
+
+def get_spec(name: str) -> OptimizerSpec:
+    try:
+        return _REGISTRY[name.lower()]
+    except KeyError:
+        raise ValueError(f"Unknown optimizer name {name!r}; available: {', '.join(list_optimizers())}") from None
+
+
+def create_optimizer(name: str, params, **kwargs) -> torch.optim.Optimizer:
+    """Instantiate the optimizer registered as ``name``; ``kwargs`` override the entry's defaults."""
+    spec = get_spec(name)
+    return spec.cls(params, **{**spec.defaults, **kwargs})
+
+
+def list_optimizers() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+for _spec in (
+    OptimizerSpec("sgd", FusedSGD, {}, "torch.optim.SGD semantics"),
+    OptimizerSpec("fused_sgd", FusedSGD, {}, "apex/ColossalAI FusedSGD"),
+    OptimizerSpec("adam", FusedAdam, {"adam_w_mode": False}, "torch.optim.Adam (L2 weight decay)"),
+    OptimizerSpec("adamw", FusedAdam, {"adam_w_mode": True}, "torch.optim.AdamW (decoupled weight decay)"),
+    OptimizerSpec("fused_adam", FusedAdam, {}, "apex/ColossalAI FusedAdam (AdamW by default)"),
+):
+    register(_spec)

@@ -1,0 +1,79 @@
+"""FusedSGD: torch.optim.SGD's update (and apex/ColossalAI FusedSGD's) in one kernel call per bucket."""
+
+from __future__ import annotations
+
+import torch
+
+from .optimizer import FusedOptimizer, check_lr, check_nonnegative
+
+
+class FusedSGD(FusedOptimizer):
+    r"""Stochastic gradient descent with momentum, fused over all tensors of a param group.
+
+    Update rule, per parameter p with gradient g (λ weight_decay, μ momentum, d dampening, η lr)::
+
+        g ← −g                            if maximize
+        g ← g + λ·p                       if λ ≠ 0 and not wd_after_momentum
+        if μ ≠ 0:
+            buf ← g                       on this param's first step (no dampening)
+            buf ← μ·buf + (1 − d)·g       afterwards
+            g   ← g + μ·buf if nesterov else buf
+        g ← g + λ·p                       if λ ≠ 0 and wd_after_momentum (not stored in buf)
+        p ← p − η·g
+
+    With ``wd_after_momentum=False`` (default) this is ``torch.optim.SGD`` exactly (same state
+    name ``momentum_buffer``, interchangeable state dicts). Deviation from apex/ColossalAI: the
+    first step is detected per parameter, not from the last param of a launch, so a param whose
+    grad appears late does not reset the others' buffers.
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr: learning rate η (required, >= 0).
+        momentum, dampening, weight_decay: μ, d, λ (>= 0).
+        nesterov: Nesterov momentum (needs μ > 0 and d = 0).
+        wd_after_momentum: add the weight decay after the momentum update (apex option).
+        materialize_master_grads: apex/ColossalAI compatibility; it only matters for fp16 params
+            with fp32 master weights. The kernel always unscales the grads it is given in place of
+            materializing unscaled copies, so both values give the same update here.
+        set_grad_none: default of ``zero_grad(set_to_none=None)`` (apex's default: False).
+        maximize: maximize the objective instead of minimizing it.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "sgd_"
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
+                 materialize_master_grads: bool = True, set_grad_none: bool = False, *,
+                 maximize: bool = False, fused: bool | None = None):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize,
+                        materialize_master_grads=materialize_master_grads)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _validate(self, group: dict) -> None:
+        check_lr(group["lr"])
+        for name in ("momentum", "dampening", "weight_decay"):
+            check_nonnegative(name, group[name])
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(
+                f"Invalid nesterov value: True with momentum={group['momentum']}, dampening={group['dampening']} "
+                "(Nesterov momentum requires momentum > 0 and dampening = 0)"
+            )
+
+    def _layout(self, group: dict) -> tuple:
+        return (group["momentum"] != 0,)
+
+    def _init_state(self, p, state, group) -> None:
+        if group["momentum"] != 0 and "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
+
+    def _state_lists(self, group, params, states, fresh) -> tuple:
+        if group["momentum"] == 0:
+            return [], []
+        return [st["momentum_buffer"] for st in states], fresh
+
+    def _scalars(self, group: dict) -> dict:
+        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                    weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                    maximize=group["maximize"], wd_after_momentum=group["wd_after_momentum"])
