@@ -1,0 +1,91 @@
+"""Test cases as data: our optimizer + kwargs, the torch.optim counterpart + kwargs, readable ids."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+import fused_optim
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    ours: type
+    ours_kw: dict
+    torch_cls: type
+    torch_kw: dict = field(default_factory=dict)
+
+    def make_ours(self, params, **extra):
+        return self.ours(params, **{**self.ours_kw, **extra})
+
+    def make_torch(self, params, **extra):
+        return self.torch_cls(params, **{**self.torch_kw, **extra})
+
+
+def _sgd_cases() -> list[Case]:
+    cases = []
+    for momentum, dampening, nesterov, wd, maximize in itertools.product(
+        (0.0, 0.9), (0.0, 0.3), (False, True), (0.0, 0.05), (False, True)
+    ):
+        if nesterov and (momentum == 0 or dampening != 0):
+            continue
+        kw = dict(lr=0.05, momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=wd,
+                  maximize=maximize)
+        cid = f"sgd-m{momentum}-d{dampening}-nest{int(nesterov)}-wd{wd}-max{int(maximize)}"
+        cases.append(Case(cid, fused_optim.FusedSGD, kw, torch.optim.SGD, kw))
+    return cases
+
+
+def _adam_cases() -> list[Case]:
+    cases = []
+    for decoupled, amsgrad, wd, maximize in itertools.product((False, True), (False, True), (0.0, 0.1),
+                                                              (False, True)):
+        kw = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=wd, amsgrad=amsgrad, maximize=maximize)
+        cid = f"{'adamw' if decoupled else 'adam'}-ams{int(amsgrad)}-wd{wd}-max{int(maximize)}"
+        torch_cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+        cases.append(Case(cid, fused_optim.FusedAdam, {**kw, "adam_w_mode": decoupled}, torch_cls, kw))
+    return cases
+
+
+SGD_CASES = _sgd_cases()
+ADAM_CASES = _adam_cases()
+ALL_CASES = SGD_CASES + ADAM_CASES
+# A smaller set that still covers every state tensor of both algorithms.
+STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
+    "sgd-m0.9-d0.3-nest0-wd0.05-max0", "sgd-m0.9-d0.0-nest1-wd0.05-max0",
+    "adam-ams1-wd0.1-max0", "adamw-ams0-wd0.1-max1", "adamw-ams1-wd0.1-max0",
+)]
+
+
+# Reduced precision. torch 2.13's fused CPU SGD is wrong in fp16/bf16 (on the 4097-element tensor
+# it differs from torch's own single-tensor SGD by ~0.18 at step 0, with or without momentum), so
+# SGD is compared over one step with torch's single-tensor SGD (which rounds every intermediate to
+# fp16/bf16, hence one step only) and over many steps with our reference; Adam with torch fused.
+SGD_LOW_PRECISION_CASES = [c for c in ALL_CASES if c.id == "sgd-m0.0-d0.0-nest0-wd0.05-max1"] + [
+    c for c in STATEFUL_CASES if c.id.startswith("sgd")]
+ADAM_LOW_PRECISION_CASES = [c for c in STATEFUL_CASES if not c.id.startswith("sgd")]
+
+
+def ids(cases):
+    return [c.id for c in cases]
+
+
+# Bad hyperparameters: (class, kwargs, regex the ValueError must match).
+ERROR_CASES = [
+    (fused_optim.FusedSGD, dict(lr=-0.1), r"Invalid learning rate: -0\.1"),
+    (fused_optim.FusedSGD, dict(lr=0.1, momentum=-1), r"Invalid momentum value: -1"),
+    (fused_optim.FusedSGD, dict(lr=0.1, weight_decay=-1e-4), r"Invalid weight_decay value"),
+    (fused_optim.FusedSGD, dict(lr=0.1, dampening=-0.5), r"Invalid dampening value"),
+    (fused_optim.FusedSGD, dict(lr=0.1, nesterov=True), r"Invalid nesterov.*momentum > 0"),
+    (fused_optim.FusedSGD, dict(lr=0.1, momentum=0.9, dampening=0.1, nesterov=True), r"Invalid nesterov.*dampening = 0"),
+    (fused_optim.FusedSGD, dict(lr=0.1, fused="yes"), r"Invalid fused value"),
+    (fused_optim.FusedAdam, dict(lr=-1e-3), r"Invalid learning rate: -0\.001"),
+    (fused_optim.FusedAdam, dict(betas=(1.0, 0.999)), r"Invalid beta parameter at index 0: 1\.0"),
+    (fused_optim.FusedAdam, dict(betas=(0.9, -0.1)), r"Invalid beta parameter at index 1: -0\.1"),
+    (fused_optim.FusedAdam, dict(eps=-1e-8), r"Invalid epsilon value"),
+    (fused_optim.FusedAdam, dict(weight_decay=-0.1), r"Invalid weight_decay value"),
+    (fused_optim.FusedAdam, dict(adam_w_mode=True, decoupled_weight_decay=False), r"decoupled_weight_decay.*contradicts"),
+]

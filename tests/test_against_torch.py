@@ -1,0 +1,113 @@
+"""FusedSGD == torch.optim.SGD and FusedAdam == torch.optim.Adam/AdamW, every option combination."""
+
+import pytest
+import torch
+
+import fused_optim
+from cases import (ADAM_LOW_PRECISION_CASES, ALL_CASES, SGD_CASES, SGD_LOW_PRECISION_CASES, STATEFUL_CASES,
+                   ids)
+from utils import assert_rel_close, assert_state_close, clone_groups, make_groups, set_grads
+
+
+def run_pair(case, dtype, steps, ours_kw=None, torch_kw=None, rtol=1e-6, late=True):
+    groups = make_groups(dtype)
+    lr = case.ours_kw["lr"]
+    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ours = case.make_ours(ga, **(ours_kw or {}))
+    theirs = case.make_torch(gb, **(torch_kw or {}))
+    for step in range(steps):
+        set_grads(ga, gb, step, late=late)
+        ours.step()
+        theirs.step()
+        assert_state_close(ours, theirs, rtol, f"{case.id} {dtype} step {step}")
+    return ours, theirs
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=ids(ALL_CASES))
+def test_fp32_kernel_matches_torch_over_50_steps(case):
+    ours, _ = run_pair(case, torch.float32, 50, ours_kw=dict(fused=True), rtol=1e-6)
+    assert ours.implementation == "fused"
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("case", ALL_CASES, ids=ids(ALL_CASES))
+def test_float64_matches_torch_tightly(case, fused):
+    ours, _ = run_pair(case, torch.float64, 12, ours_kw=dict(fused=fused), rtol=1e-12)
+    assert ours.implementation == ("fused" if fused else "reference")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", ADAM_LOW_PRECISION_CASES, ids=ids(ADAM_LOW_PRECISION_CASES))
+def test_low_precision_adam_matches_torch_fused(case, dtype):
+    """torch's fused CPU Adam also does fp32 math on fp16/bf16 storage: agree within a few ulps."""
+    rtol = 4 * torch.finfo(dtype).eps
+    run_pair(case, dtype, 20, ours_kw=dict(fused=True), torch_kw=dict(fused=True), rtol=rtol, late=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", SGD_LOW_PRECISION_CASES, ids=ids(SGD_LOW_PRECISION_CASES))
+def test_low_precision_sgd_step_matches_torch_single_tensor(case, dtype):
+    """torch's single-tensor SGD rounds each intermediate to fp16/bf16: one step agrees to 2 ulps."""
+    run_pair(case, dtype, 1, ours_kw=dict(fused=True), rtol=2 * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_low_precision_reference_matches_kernel(case, dtype):
+    groups = make_groups(dtype)
+    lr = case.ours_kw["lr"]
+    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    kernel, reference = case.make_ours(ga, fused=True), case.make_ours(gb, fused=False)
+    for step in range(20):
+        set_grads(ga, gb, step)
+        kernel.step()
+        reference.step()
+        assert_state_close(kernel, reference, 4 * torch.finfo(dtype).eps, f"step {step}")
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_wd_after_momentum_follows_the_documented_rule(fused, nesterov):
+    """ALGORITHMS.md: decay added after the momentum update and not stored in the buffer."""
+    lr, mu, wd = 0.1, 0.9, 0.05
+    gen = torch.Generator().manual_seed(3)
+    p = torch.nn.Parameter(torch.randn(4097, dtype=torch.float64, generator=gen))
+    opt = fused_optim.FusedSGD([p], lr=lr, momentum=mu, weight_decay=wd, nesterov=nesterov,
+                               wd_after_momentum=True, fused=fused)
+    x, buf = p.detach().clone(), None
+    for _ in range(10):
+        g = torch.randn(4097, dtype=torch.float64, generator=gen)
+        p.grad = g.clone()
+        opt.step()
+        buf = g.clone() if buf is None else mu * buf + g
+        d = g + mu * buf if nesterov else buf.clone()
+        x = x - lr * (d + wd * x)
+        assert_rel_close(p.detach(), x, 1e-12, "param")
+        assert_rel_close(opt.state[p]["momentum_buffer"], buf, 1e-12, "momentum_buffer")
+
+
+@pytest.mark.parametrize("case", SGD_CASES[:1] + STATEFUL_CASES, ids=ids(SGD_CASES[:1] + STATEFUL_CASES))
+def test_never_mutates_grads(case):
+    groups = clone_groups(make_groups(), case.ours_kw["lr"])
+    opt = case.make_ours(groups, fused=True)
+    for p in (p for g in groups for p in g["params"]):
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert all(torch.equal(p.grad, torch.ones_like(p)) for g in groups for p in g["params"])
+
+
+def test_thread_count_does_not_change_results():
+    """Elementwise kernels: the split into work items must not change a single bit."""
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        gen = torch.Generator().manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (100_003, 50_000, 7)]
+        opt = fused_optim.FusedAdam(ps, lr=1e-2, weight_decay=0.1, fused=True)
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        results.append([p.detach().clone() for p in ps])
+    torch.set_num_threads(2)
+    assert all(torch.equal(a, b) for a, b in zip(*results))

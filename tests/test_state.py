@@ -1,0 +1,104 @@
+"""State dicts: interchange with torch.optim both ways, exact save/reload, weights_only loading."""
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+from cases import STATEFUL_CASES, ids
+from utils import assert_state_close, clone_groups, make_groups, params_of, set_grads
+
+
+def roundtrip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+def run_and_handover(case, first, second, steps=8):
+    """`first` optimizer runs `steps` steps, hands its state (via a weights_only checkpoint) to
+    `second`, which continues next to an uninterrupted `first` for `steps` more."""
+    lr = case.ours_kw["lr"]
+    groups = make_groups()
+    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    a = first(case, ga)
+    for step in range(steps):
+        set_grads(ga, gb, step)
+        a.step()
+    with torch.no_grad():
+        for p, q in zip(params_of(a), [p for g in gb for p in g["params"]]):
+            q.copy_(p)
+    b = second(case, gb)
+    b.load_state_dict(roundtrip(a.state_dict()))
+    for step in range(steps, 2 * steps):
+        set_grads(ga, gb, step)
+        a.step()
+        b.step()
+        assert_state_close(b, a, 1e-6, f"{case.id} step {step}")
+    return a, b
+
+
+ours = lambda case, groups: case.make_ours(groups, fused=True)  # noqa: E731
+theirs = lambda case, groups: case.make_torch(groups)  # noqa: E731
+
+
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_our_state_dict_continues_in_torch(case):
+    run_and_handover(case, ours, theirs)
+
+
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_torch_state_dict_continues_in_ours(case):
+    _, b = run_and_handover(case, theirs, ours)
+    assert b.implementation == "fused"
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_save_and_reload_mid_run_continues_identically(case, fused):
+    lr = case.ours_kw["lr"]
+    groups = make_groups()
+    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    a = case.make_ours(ga, fused=fused)
+    for step in range(6):
+        set_grads(ga, gb, step)
+        a.step()
+    ckpt = roundtrip({"params": [p.detach().clone() for p in params_of(a)], "optim": a.state_dict()})
+    with torch.no_grad():
+        for q, saved in zip([p for g in gb for p in g["params"]], ckpt["params"]):
+            q.copy_(saved)
+    b = case.make_ours(gb, fused=fused)
+    b.load_state_dict(ckpt["optim"])
+    for step in range(6, 14):
+        set_grads(ga, gb, step)
+        a.step()
+        b.step()
+        assert_state_close(b, a, 0.0, f"step {step}")  # bit-identical
+
+
+def test_state_dict_holds_only_tensors_and_python_scalars():
+    case = STATEFUL_CASES[-1]
+    groups = clone_groups(make_groups(), 0.1)
+    opt = case.make_ours(groups, fused=True)
+    set_grads(groups, clone_groups(make_groups()), 0)
+    opt.step()
+    sd = opt.state_dict()
+    assert set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
+    assert sd["state"][0]["step"].dtype == torch.float32 and sd["state"][0]["step"].item() == 1.0
+    assert sd["param_groups"][0]["decoupled_weight_decay"] is True
+    assert roundtrip(sd)["state"][0]["step"].item() == 1.0
+
+
+@pytest.mark.parametrize("clone", [copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))], ids=["deepcopy", "pickle"])
+def test_copies_keep_the_fused_flag_and_state(clone):
+    case = STATEFUL_CASES[0]
+    groups = clone_groups(make_groups(), 0.1)
+    opt = case.make_ours(groups, fused=False, set_grad_none=True)
+    set_grads(groups, clone_groups(make_groups()), 0)
+    opt.step()
+    dup = clone(opt)
+    assert dup.fused is False and dup.set_grad_none is True
+    assert len(dup.state) == len(opt.state)

@@ -1,0 +1,68 @@
+"""Shared helpers: the odd-shaped param layout every comparison runs on, and comparisons."""
+
+from __future__ import annotations
+
+import torch
+
+SMALL = 300  # many small tensors in one group
+
+
+def make_groups(dtype=torch.float32, seed=0) -> list[dict]:
+    """Param groups with the shapes that break multi-tensor code: a 1-element and a 4097-element
+    tensor, a (33, 65) matrix, 300 small tensors in a second group with its own lr, an empty group,
+    and a param that never gets a grad. Returns groups of plain tensors (wrap per optimizer)."""
+    g = torch.Generator().manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    small = [rnd(int(n)) for n in torch.randint(1, 70, (SMALL,), generator=g)]
+    return [
+        {"params": [rnd(1), rnd(4097), rnd(33, 65), rnd(17)]},
+        {"params": small, "lr_scale": 0.5},
+        {"params": []},
+    ]
+
+
+def clone_groups(groups, lr=None) -> list[dict]:
+    """Fresh nn.Parameters for each optimizer under test; 'lr_scale' becomes a per-group lr."""
+    out = []
+    for grp in groups:
+        new = {"params": [torch.nn.Parameter(t.clone()) for t in grp["params"]]}
+        if lr is not None and "lr_scale" in grp:
+            new["lr"] = lr * grp["lr_scale"]
+        out.append(new)
+    return out
+
+
+def set_grads(groups_a, groups_b, step, seed=1, late=True):
+    """Same random grads on both param sets. The last param of group 0 never gets one, and (with
+    ``late``) the first param of the small group gets its first grad only at step 5."""
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    for ga, gb in zip(groups_a, groups_b):
+        for i, (a, b) in enumerate(zip(ga["params"], gb["params"])):
+            skip = (ga is groups_a[0] and i == len(ga["params"]) - 1) or (late and ga is groups_a[1] and i == 0 and step < 5)
+            grad = None if skip else torch.randn(a.shape, generator=g).to(a.dtype)
+            a.grad = None if grad is None else grad.clone()
+            b.grad = None if grad is None else grad.clone()
+
+
+def params_of(opt) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def assert_rel_close(actual, expected, rtol, what=""):
+    """max|a − e| ≤ rtol · max(max|e|, 1): relative to the tensor's scale, not element by element
+    (an element near zero has no meaningful relative error at float precision)."""
+    actual, expected = actual.double(), expected.double()
+    scale = max(expected.abs().max().item() if expected.numel() else 0.0, 1.0)
+    err = (actual - expected).abs().max().item() if expected.numel() else 0.0
+    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+
+
+def assert_state_close(ours, theirs, rtol, label=""):
+    """Params and every state tensor, param by param, with torch's state names."""
+    for i, (p, q) in enumerate(zip(params_of(ours), params_of(theirs))):
+        assert_rel_close(p.detach(), q.detach(), rtol, f"{label} param {i}")
+        s_ours, s_theirs = ours.state.get(p, {}), theirs.state.get(q, {})
+        keys = {k for k, v in s_theirs.items() if isinstance(v, torch.Tensor)}
+        assert keys == {k for k, v in s_ours.items() if isinstance(v, torch.Tensor)}, f"{label} state keys of param {i}"
+        for k in keys:
+            assert_rel_close(s_ours[k], s_theirs[k], rtol, f"{label} state {k} of param {i}")
