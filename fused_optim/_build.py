@@ -67,6 +67,8 @@ def verbose() -> bool:
 
 def load() -> None:
     """Build (or load from cache) the CPU kernels; raise :class:`BuildError` saying how to debug."""
+    if _state["loaded"]:  # the per-step fast path takes no lock (and stays traceable by dynamo)
+        return
     with _lock:
         if _state["loaded"]:
             return

@@ -43,12 +43,13 @@ def resnet50_shapes() -> list[tuple[int, ...]]:
     return shapes + [(1000, 2048), (1000,)]
 
 
-PARAM_LISTS: dict[str, Callable[[], list[tuple[int, ...]]]] = {
-    "200 tensors / 1M": lambda: [(5000,)] * 200,
-    "ResNet-50 161 tensors / 25.6M": resnet50_shapes,
-    "20 tensors / 100M": lambda: [(5_000_000,)] * 20,
+# id -> (label, shapes)
+PARAM_LISTS: dict[str, tuple[str, Callable[[], list[tuple[int, ...]]]]] = {
+    "1M": ("200 tensors / 1M", lambda: [(5000,)] * 200),
+    "25M": ("ResNet-50: 161 tensors / 25.6M", resnet50_shapes),
+    "100M": ("20 tensors / 100M", lambda: [(5_000_000,)] * 20),
 }
-QUICK_LISTS = ["200 tensors / 1M", "ResNet-50 161 tensors / 25.6M"]
+QUICK_LISTS = ["1M", "25M"]
 
 
 def _variants(opt: str) -> dict[str, Callable]:
@@ -101,8 +102,9 @@ def _time(fn: Callable[[], None], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
-def bench_case(opt: str, dtype: torch.dtype, list_name: str, repeats: int, min_sample_s: float = 0.02) -> list[Row]:
-    shapes = PARAM_LISTS[list_name]()
+def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sample_s: float = 0.02) -> list[Row]:
+    label, make_shapes = PARAM_LISTS[list_id]
+    shapes = make_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
     steppers = {}
     for name, make in _variants(opt).items():
@@ -124,7 +126,7 @@ def bench_case(opt: str, dtype: torch.dtype, list_name: str, repeats: int, min_s
     rows = []
     for k in _variants(opt):
         gbs = TRAFFIC[opt] * size * numel / med[k] / 1e9
-        rows.append(Row(opt, str(dtype).replace("torch.", ""), list_name, len(shapes), numel, k,
+        rows.append(Row(opt, str(dtype).replace("torch.", ""), label, len(shapes), numel, k,
                         med[k] * 1e3, med["torch fused"] / med[k], gbs, gbs / probe_gbs, probe_gbs))
     return rows
 
@@ -175,21 +177,23 @@ def markdown(rows: list[Row], host: dict, build: dict | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(out: Path, quick: bool = False, repeats: int | None = None) -> tuple[Path, Path]:
-    """Run the whole benchmark, write ``bench.json`` and ``bench.md`` under ``out``, return their paths."""
+def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[str] | None = None,
+        build: bool | None = None) -> tuple[Path, Path]:
+    """Run the benchmark, write ``bench.json`` and ``bench.md`` under ``out``, return their paths.
+    Defaults: all param lists, 11 rounds and the build timing; ``quick``: 1M and 25M, 5 rounds, no build."""
     repeats = repeats or (5 if quick else 11)
-    lists = QUICK_LISTS if quick else list(PARAM_LISTS)
+    lists = lists or (QUICK_LISTS if quick else list(PARAM_LISTS))
     rows: list[Row] = []
-    for list_name in lists:
+    for list_id in lists:
         for opt in ("sgd", "adamw"):
             for dtype in (torch.float32, torch.bfloat16):
-                rows += bench_case(opt, dtype, list_name, repeats)
+                rows += bench_case(opt, dtype, list_id, repeats)
                 r = rows[-4]
-                print(f"{opt:6} {r.dtype:9} {list_name:32} fused_optim {r.ms_per_step:8.3f} ms  "
+                print(f"{opt:6} {r.dtype:9} {r.params:32} fused_optim {r.ms_per_step:8.3f} ms  "
                       f"×{r.speedup_vs_torch_fused:5.2f} vs torch fused  {r.fraction_of_probe:.2f} of probe",
                       flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
-    build = None if quick else build_timing()
+    build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench.json", out / "bench.md"
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,

@@ -39,7 +39,7 @@ def cmd_build(args) -> int:
 def cmd_bench(args) -> int:
     from . import benchmark
 
-    json_path, md_path = benchmark.run(Path(args.out), quick=args.quick, repeats=args.repeats)
+    json_path, md_path = benchmark.run(Path(args.out), quick=args.quick, repeats=args.repeats, lists=args.lists)
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="ours vs torch.optim, interleaved; writes JSON + markdown")
     bench.add_argument("--quick", action="store_true", help="skip the 100M list and the build timing")
     bench.add_argument("--repeats", type=int, default=None, help="rounds per case (default 11, quick 5)")
+    bench.add_argument("--lists", nargs="+", choices=["1M", "25M", "100M"], default=None,
+                       help="param lists to run (default: all; quick: 1M 25M)")
     bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
     bench.set_defaults(fn=cmd_bench)
     args = parser.parse_args(argv)

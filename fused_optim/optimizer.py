@@ -164,7 +164,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     for state, keys in plan.created:
                         for k in keys:
                             del state[k]
-                del self._plans[id(group)]  # the lists change after a param's first step
+                self._plans.pop(id(group), None)  # the lists change after a param's first step
         if used:
             self.implementation = used.pop() if len(used) == 1 else "mixed"
         return loss
@@ -204,7 +204,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             states = [self.state[p] for p in params]
             lists = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             plan.buckets.append(_Bucket(index, params, lists, fused, dtype))
-        self._plans[id(group)] = plan
+        if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
+            self._plans[id(group)] = plan
         return plan
 
     def _kernels_available(self) -> bool:

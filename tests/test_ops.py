@@ -1,0 +1,72 @@
+"""The op layer: torch.library.opcheck for every op, torch.compile(fullgraph=True) of a step."""
+
+import pytest
+import torch
+
+import fused_optim
+
+SCALARS = {
+    "sgd_": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False, maximize=False,
+                 wd_after_momentum=False),
+    "adam_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=True, decoupled=True,
+                  maximize=False, bias_correction=True),
+}
+
+
+def sample_args(op: str, dtype, amp: bool):
+    sizes = (1, 33, 4097)
+    params = [torch.randn(n, dtype=dtype) for n in sizes]
+    grads = [torch.randn(n, dtype=dtype) for n in sizes]
+    if op == "sgd_":
+        lists = ([torch.randn(n, dtype=dtype) for n in sizes], [True, False, False])
+    else:
+        lists = tuple([torch.rand(n, dtype=dtype) for n in sizes] for _ in range(3)) + (
+            [torch.tensor(float(k)) for k in range(3)],)
+    kwargs = dict(SCALARS[op])
+    if amp:
+        kwargs.update(grad_scale=torch.tensor(8.0), found_inf=torch.tensor(0.0))
+    return (params, grads, *lists), kwargs
+
+
+@pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_opcheck(op, dtype, amp):
+    args, kwargs = sample_args(op, dtype, amp)
+    torch.library.opcheck(getattr(torch.ops.fused_optim, op).default, args, kwargs)
+
+
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_kernel_equals_reference_on_the_op_level(op):
+    from fused_optim import _reference
+
+    args, kwargs = sample_args(op, torch.float64, amp=True)
+    clone = lambda xs: [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]  # noqa: E731
+    ref_args = tuple(clone(a) for a in args)
+    getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    getattr(_reference, op)(*ref_args, **kwargs)
+    for a, b in zip(args, ref_args):
+        for x, y in zip(a, b):
+            if isinstance(x, torch.Tensor):
+                torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls, kw", [(fused_optim.FusedSGD, dict(lr=0.1, momentum=0.9)),
+                                     (fused_optim.FusedAdam, dict(lr=0.1, weight_decay=0.1))], ids=["sgd", "adam"])
+def test_compiled_step_with_fullgraph_matches_eager(cls, kw):
+    """Works once the kernels are loaded (the build itself is not traceable): the first compiled
+    step even creates the state inside the graph."""
+    assert fused_optim.is_available()
+    torch._dynamo.reset()
+    eager = [torch.nn.Parameter(torch.randn(n)) for n in (7, 300)]
+    comp = [torch.nn.Parameter(p.detach().clone()) for p in eager]
+    opt_e, opt_c = cls(eager, fused=True, **kw), cls(comp, fused=True, **kw)
+    step = torch.compile(opt_c.step, fullgraph=True)
+    for k in range(3):
+        for a, b in zip(eager, comp):
+            a.grad = torch.full_like(a, k + 1.0)
+            b.grad = a.grad.clone()
+        opt_e.step()
+        step()
+        for a, b in zip(eager, comp):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,54 @@
+"""The name registry and the `fused-optim` command."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fused_optim
+from fused_optim.registry import create_optimizer, list_optimizers
+
+
+def test_names_create_the_right_variant():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert {"sgd", "fused_sgd", "adam", "adamw", "fused_adam"} <= set(list_optimizers())
+    adam = create_optimizer("Adam", p, lr=0.1)
+    assert isinstance(adam, fused_optim.FusedAdam) and adam.defaults["decoupled_weight_decay"] is False
+    assert create_optimizer("adamw", p).defaults["decoupled_weight_decay"] is True
+    sgd = create_optimizer("sgd", p, lr=0.1, momentum=0.9)
+    assert isinstance(sgd, fused_optim.FusedSGD) and sgd.defaults["momentum"] == 0.9
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"Unknown optimizer name 'adamx'; available: adam, adamw"):
+        create_optimizer("adamx", [torch.nn.Parameter(torch.zeros(1))])
+
+
+def cli(*args, timeout=300):
+    exe = shutil.which("fused-optim") or ""
+    cmd = [exe, *args] if exe else [sys.executable, "-m", "fused_optim.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_info_reports_the_build():
+    out = cli("info")
+    assert out.returncode == 0, out.stderr
+    assert "CPU kernels      built" in out.stdout and "torch            2." in out.stdout
+
+
+def test_build_reports_timing():
+    out = cli("build")
+    assert out.returncode == 0 and "CPU kernels ready in" in out.stdout
+
+
+def test_bench_writes_json_and_markdown(tmp_path):
+    out = cli("bench", "--quick", "--repeats", "1", "--lists", "1M", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "bench.json").read_text())
+    variants = {(r["optimizer"], r["dtype"], r["variant"]) for r in data["rows"]}
+    assert ("adamw", "bfloat16", "torch fused") in variants and ("sgd", "float32", "fused_optim") in variants
+    assert all(r["ms_per_step"] > 0 and r["fraction_of_probe"] > 0 for r in data["rows"])
+    assert "| sgd | float32 | 200 tensors / 1M | fused_optim |" in (tmp_path / "bench.md").read_text()
