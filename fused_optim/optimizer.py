@@ -63,6 +63,7 @@ class _Bucket:
     """Params of one group sharing (device, dtype, kernel eligibility), with cached op lists."""
 
     index: list[int]  # positions in the group's params
+    whole: bool  # all of the group's params, in order: the group's grads list is the bucket's
     params: list[Tensor]
     lists: tuple
     fused: bool
@@ -153,11 +154,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             plan = self._plan(gi, group, grads)
             scalars = self._scalars(group)
             for bucket in plan.buckets:
-                bgrads = [grads[i] for i in bucket.index]
-                fused = self._grads_fit(bucket, bgrads, gi)
-                fn = _ops.op(self.op_name) if fused else getattr(_reference, self.op_name)
-                fn(bucket.params, bgrads, *bucket.lists, grad_scale=grad_scale, found_inf=found_inf, **scalars)
-                used.add("fused" if fused else "reference")
+                bgrads = grads if bucket.whole else [grads[i] for i in bucket.index]
+                used.add(self._run(bucket, bgrads, gi, scalars, grad_scale, found_inf))
             if plan.created:
                 # A skipped (overflow) first step must leave the params as never stepped.
                 if found_inf is not None and bool(found_inf.item()):
@@ -203,7 +201,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             params = [group["params"][i] for i in index]
             states = [self.state[p] for p in params]
             lists = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
-            plan.buckets.append(_Bucket(index, params, lists, fused, dtype))
+            whole = len(index) == len(grads)
+            plan.buckets.append(_Bucket(index, whole, params, lists, fused, dtype))
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan
@@ -236,20 +235,34 @@ class FusedOptimizer(torch.optim.Optimizer):
                 return f"has state '{name}' that is not a contiguous {p.dtype} tensor on {p.device}"
         return None
 
-    def _grads_fit(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> bool:
-        """Whether the kernel runs this bucket this step; raises on sparse grads."""
-        dtype = bucket.dtype
-        if all(g.dtype is dtype and g.layout is torch.strided for g in grads):
-            return bucket.fused
+    def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, grad_scale, found_inf) -> str:
+        """One op call for the bucket; returns which implementation ran.
+
+        The kernel checks the grads itself (dense, same dtype and size as their params) before it
+        writes anything, so the hot path does no per-grad Python check: a bucket the kernel
+        refuses is unchanged and is redone here by the reference path, or the error is raised."""
+        if bucket.fused:
+            try:
+                _ops.op(self.op_name)(bucket.params, grads, *bucket.lists, grad_scale=grad_scale,
+                                      found_inf=found_inf, **scalars)
+                return "fused"
+            except RuntimeError:
+                self._check_dense(bucket, grads, gi)
+                if all(g.dtype == bucket.dtype for g in grads):
+                    raise
+                self._fallback(f"group {gi} has gradients whose dtype differs from their params' ({bucket.dtype})")
+        self._check_dense(bucket, grads, gi)
+        getattr(_reference, self.op_name)(bucket.params, grads, *bucket.lists, grad_scale=grad_scale,
+                                          found_inf=found_inf, **scalars)
+        return "reference"
+
+    def _check_dense(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:
         for i, g in zip(bucket.index, grads):
             if g.layout is not torch.strided:
                 raise RuntimeError(
                     f"{type(self).__name__}: param {i} of group {gi} has a sparse gradient; "
                     "fused_optim does not support sparse gradients (use torch.optim.SparseAdam)"
                 )
-        if bucket.fused:
-            self._fallback(f"group {gi} has gradients whose dtype differs from their params' ({dtype})")
-        return False
 
     def _fallback(self, why: str) -> None:
         hint = "make the tensors contiguous/supported, or pass fused=False"
