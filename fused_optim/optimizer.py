@@ -11,8 +11,8 @@ An algorithm subclass declares data and small hooks:
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off).
 
 The base class validates, initializes state lazily, buckets each group's params by (device,
-dtype, kernel eligibility), caches the tensor lists (rebuilt only when the set of params with
-grads, the state or the layout changes), and calls one op per bucket. It implements the AMP
+dtype, kernel eligibility), caches the tensor lists (rebuilt only when the group's params, the set
+of params with grads, the state (through ``load_state_dict``) or the layout changes), and calls one op per bucket. It implements the AMP
 contract of ``torch.amp.GradScaler`` (``grad_scale`` / ``found_inf`` are handed to the op, which
 unscales inside and skips everything on overflow) and the three-valued ``fused`` flag:
 
@@ -111,16 +111,15 @@ class FusedOptimizer(torch.optim.Optimizer):
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        self._validate(merged)
-        params = param_group["params"]
-        for p in [params] if isinstance(params, Tensor) else list(params):
-            if isinstance(p, Tensor) and p.is_complex():
-                raise ValueError(
-                    f"{type(self).__name__} does not support complex parameters (got {p.dtype}); "
-                    "optimize torch.view_as_real(param) or use torch.optim"
-                )
+        self._validate(merged)  # before torch adds the group: a bad group leaves no trace
         super().add_param_group(param_group)
-        self._plans.clear()
+        complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
+        if complex_params:
+            self.param_groups.pop()
+            raise ValueError(
+                f"{type(self).__name__} does not support complex parameters (got {complex_params[0].dtype}); "
+                "optimize torch.view_as_real(param) or use torch.optim"
+            )
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
@@ -177,7 +176,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         return grad_scale, found_inf
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
-        key = (tuple(g is not None for g in grads), self._layout(group))
+        key = (id(group["params"]), tuple(g is not None for g in grads), self._layout(group))
         plan = self._plans.get(id(group))
         if plan is not None and plan.key == key:
             return plan
