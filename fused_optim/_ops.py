@@ -8,6 +8,9 @@ in pure PyTorch. All ops are in-place (trailing underscore), take tensor lists p
 scalars, and accept the optional ``grad_scale`` / ``found_inf`` tensors of ``torch.amp.GradScaler``:
 grads are divided by ``grad_scale`` inside the op, and nothing at all changes when ``found_inf`` is
 non-zero (step counters included).
+
+``sgd_``'s ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
+torch.optim's first step), or is empty when no param is on its first step.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening
         if weight_decay != 0 and not wd_after_momentum:
             g = g + weight_decay * x
         if momentum != 0:
-            buf = g.clone() if first_step[i] else momentum * _opmath(momentum_buffers[i]) + (1 - dampening) * g
+            buf = g.clone() if first_step and first_step[i] else momentum * _opmath(momentum_buffers[i]) + (1 - dampening) * g
             momentum_buffers[i].copy_(buf)
             g = g + momentum * buf if nesterov else buf
         if weight_decay != 0 and wd_after_momentum:

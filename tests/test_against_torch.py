@@ -6,13 +6,11 @@ import torch
 import fused_optim
 from cases import (ADAM_LOW_PRECISION_CASES, ALL_CASES, SGD_CASES, SGD_LOW_PRECISION_CASES, STATEFUL_CASES,
                    ids)
-from utils import assert_rel_close, assert_state_close, clone_groups, make_groups, set_grads
+from utils import assert_rel_close, assert_state_close, clone_groups, make_groups, set_grads, twin_groups
 
 
 def run_pair(case, dtype, steps, ours_kw=None, torch_kw=None, rtol=1e-6, late=True):
-    groups = make_groups(dtype)
-    lr = case.ours_kw["lr"]
-    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ga, gb = twin_groups(case, dtype)
     ours = case.make_ours(ga, **(ours_kw or {}))
     theirs = case.make_torch(gb, **(torch_kw or {}))
     for step in range(steps):
@@ -54,9 +52,7 @@ def test_low_precision_sgd_step_matches_torch_single_tensor(case, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
 def test_low_precision_reference_matches_kernel(case, dtype):
-    groups = make_groups(dtype)
-    lr = case.ours_kw["lr"]
-    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ga, gb = twin_groups(case, dtype)
     kernel, reference = case.make_ours(ga, fused=True), case.make_ours(gb, fused=False)
     for step in range(20):
         set_grads(ga, gb, step)

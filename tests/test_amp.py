@@ -5,7 +5,7 @@ import torch
 
 import fused_optim
 from cases import STATEFUL_CASES, ids
-from utils import clone_groups, make_groups, params_of, set_grads
+from utils import clone_groups, make_groups, params_of, set_grads, twin_groups
 
 
 def snapshot(opt):
@@ -50,9 +50,7 @@ def test_found_inf_changes_nothing(case, fused):
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
 @pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
 def test_grad_scale_is_divided_out_inside_the_step(case, fused):
-    lr = case.ours_kw["lr"]
-    groups = make_groups()
-    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ga, gb = twin_groups(case)
     scaled, plain = case.make_ours(ga, fused=fused), case.make_ours(gb, fused=fused)
     for step in range(3):
         set_grads(ga, gb, step)

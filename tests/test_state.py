@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cases import STATEFUL_CASES, ids
-from utils import assert_state_close, clone_groups, make_groups, params_of, set_grads
+from utils import assert_state_close, clone_groups, make_groups, params_of, set_grads, twin_groups
 
 
 def roundtrip(obj):
@@ -21,9 +21,7 @@ def roundtrip(obj):
 def run_and_handover(case, first, second, steps=8):
     """`first` optimizer runs `steps` steps, hands its state (via a weights_only checkpoint) to
     `second`, which continues next to an uninterrupted `first` for `steps` more."""
-    lr = case.ours_kw["lr"]
-    groups = make_groups()
-    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ga, gb = twin_groups(case)
     a = first(case, ga)
     for step in range(steps):
         set_grads(ga, gb, step)
@@ -59,9 +57,7 @@ def test_torch_state_dict_continues_in_ours(case):
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
 @pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
 def test_save_and_reload_mid_run_continues_identically(case, fused):
-    lr = case.ours_kw["lr"]
-    groups = make_groups()
-    ga, gb = clone_groups(groups, lr), clone_groups(groups, lr)
+    ga, gb = twin_groups(case)
     a = case.make_ours(ga, fused=fused)
     for step in range(6):
         set_grads(ga, gb, step)

@@ -32,6 +32,13 @@ def clone_groups(groups, lr=None) -> list[dict]:
     return out
 
 
+def twin_groups(case, dtype=torch.float32):
+    """Two independent copies of the make_groups() layout, with the case's lr per group."""
+    groups = make_groups(dtype)
+    lr = case.ours_kw["lr"]
+    return clone_groups(groups, lr), clone_groups(groups, lr)
+
+
 def set_grads(groups_a, groups_b, step, seed=1, late=True):
     """Same random grads on both param sets. The last param of group 0 never gets one, and (with
     ``late``) the first param of the small group gets its first grad only at step 5."""

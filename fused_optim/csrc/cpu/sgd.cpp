@@ -43,7 +43,8 @@ void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList mome
   const bool has_momentum = momentum != 0.0;
   if (has_momentum) {
     check_mutable("sgd_", "momentum_buffers", params, momentum_buffers);
-    TORCH_CHECK(first_step.size() == params.size(), "fused_optim::sgd_: first_step needs one flag per param");
+    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(),
+                "fused_optim::sgd_: first_step needs one flag per param (or none: no first steps)");
   } else {
     TORCH_CHECK(momentum_buffers.empty(), "fused_optim::sgd_: momentum_buffers must be empty when momentum == 0");
   }
@@ -65,7 +66,7 @@ void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList mome
       const scalar_t* g = ptr<scalar_t>(grads[t]);
       if (has_momentum) {
         SgdMath<scalar_t> math = base;
-        math.first = first_step[t];
+        math.first = !first_step.empty() && first_step[t];
         for_each_block<scalar_t>(
             begin, end, [&](auto& pv, auto& gv, auto& bv) { math.apply(pv, gv, bv); }, p, g,
             ptr<scalar_t>(momentum_buffers[t]));
