@@ -3,14 +3,22 @@ signatures.
 
 Importing this module needs no compiler. The C++ files under ``csrc/`` only register
 implementations for these schemas (``TORCH_LIBRARY_IMPL(fused_optim, CPU, m)``), which are loaded
-lazily by :mod:`fused_optim._build`; :mod:`fused_optim._reference` implements the same signatures
-in pure PyTorch. All ops are in-place (trailing underscore), take tensor lists plus keyword
-scalars, and accept the optional ``grad_scale`` / ``found_inf`` tensors of ``torch.amp.GradScaler``:
-grads are divided by ``grad_scale`` inside the op, and nothing at all changes when ``found_inf`` is
-non-zero (step counters included).
+lazily by :mod:`fused_optim._build`; :mod:`fused_optim._reference` implements the update ops with
+the same signatures in pure PyTorch.
 
+Update ops (``sgd_``, ``adam_``) are in-place (trailing underscore), take the params, the grads,
+the algorithm's state lists, its per-step lists and keyword scalars, plus the optional
+``grad_scale`` / ``found_inf`` of ``torch.amp.GradScaler``: grads are divided by ``grad_scale``
+inside the op, and nothing at all changes when ``found_inf`` is non-zero (step counters included).
 ``sgd_``'s ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
 torch.optim's first step), or is empty when no param is on its first step.
+
+Each update op has an eager-only twin ``<name>bucket`` taking ``int bucket`` in place of the params
+and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side (as one flat
+list cut into consecutive lists of the given lengths) until ``bucket_free``, so a step passes only
+the grads (the dispatcher converts every Python tensor list on every call, ~85 ns per tensor per
+list). The twins mutate tensors their schema does not name and bump their version counters
+themselves: they are for plain eager steps, never traced; ``torch.compile`` uses the list ops.
 """
 
 from __future__ import annotations
@@ -19,17 +27,28 @@ import torch
 
 _AMP = "Tensor? grad_scale=None, Tensor? found_inf=None"
 
-SCHEMAS = {
-    "sgd_": (
-        "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, bool[] first_step, *, "
+
+def _update_op(state: str, per_step: str, scalars: str) -> dict[str, str]:
+    """The list op and its bucket twin, from one description."""
+    extra = f", {per_step}" if per_step else ""
+    return {
+        "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{extra}, *, {scalars}, {_AMP}) -> ()",
+        "bucket": f"(int bucket, Tensor[] grads{extra}, *, {scalars}, {_AMP}) -> ()",
+    }
+
+
+UPDATE_OPS = {
+    "sgd_": _update_op(
+        "Tensor(b!)[] momentum_buffers",
+        "bool[] first_step",
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        f"bool wd_after_momentum, {_AMP}) -> ()"
+        "bool wd_after_momentum",
     ),
-    "adam_": (
-        "(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-        "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, *, float lr, float beta1, float beta2, "
-        "float eps, float weight_decay, bool amsgrad, bool decoupled, bool maximize, "
-        f"bool bias_correction=True, {_AMP}) -> ()"
+    "adam_": _update_op(
+        "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps",
+        "",
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
+        "bool maximize, bool bias_correction=True",
     ),
 }
 
@@ -41,9 +60,12 @@ def _fake(*args, **kwargs) -> None:
     return None
 
 
-for _name, _schema in SCHEMAS.items():
-    _lib.define(_name + _schema)
+for _name, _variants in UPDATE_OPS.items():
+    _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
+    _lib.define(_name + "bucket" + _variants["bucket"])
+_lib.define("bucket_new(Tensor[] tensors, int[] lengths) -> int")
+_lib.define("bucket_free(int bucket) -> ()")
 
 
 def op(name: str):

@@ -84,7 +84,7 @@ class FusedAdam(FusedOptimizer):
             [st["exp_avg_sq"] for st in states],
             [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
             [st["step"] for st in states],
-        )
+        ), ()
 
     def _scalars(self, group: dict) -> dict:
         beta1, beta2 = group["betas"]

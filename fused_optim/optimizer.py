@@ -5,14 +5,16 @@ An algorithm subclass declares data and small hooks:
 * ``op_name``: the op in :mod:`._ops` (kernel) and :mod:`._reference` (pure PyTorch) it calls;
 * ``_validate(group)``: torch-style ``ValueError`` for bad hyperparameters (defaults and every group);
 * ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names);
-* ``_state_lists(group, params, states, fresh)``: the op's list arguments after params and grads
-  (``fresh[i]``: param i got new state for this step, i.e. this is its first step);
+* ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
+  ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
+  i.e. this is its first step);
 * ``_scalars(group)``: the op's keyword scalars;
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off).
 
 The base class validates, initializes state lazily, buckets each group's params by (device,
 dtype, kernel eligibility), caches the tensor lists (rebuilt only when the group's params, the set
-of params with grads, the state (through ``load_state_dict``) or the layout changes), and calls one op per bucket. It implements the AMP
+of params with grads, the state (through ``load_state_dict``) or the layout changes) and keeps
+them registered on the C++ side (a step passes only the grads), and calls one op per bucket. It implements the AMP
 contract of ``torch.amp.GradScaler`` (``grad_scale`` / ``found_inf`` are handed to the op, which
 unscales inside and skips everything on overflow) and the three-valued ``fused`` flag:
 
@@ -28,6 +30,7 @@ unscales inside and skips everything on overflow) and the three-valued ``fused``
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -65,9 +68,19 @@ class _Bucket:
     index: list[int]  # positions in the group's params
     whole: bool  # all of the group's params, in order: the group's grads list is the bucket's
     params: list[Tensor]
-    lists: tuple
+    state: tuple  # the op's state tensor lists
+    per_step: tuple  # the op's other list arguments (e.g. first-step flags)
     fused: bool
     dtype: torch.dtype
+    _id: int | None = None
+
+    def bucket_id(self) -> int:
+        """The params and state lists registered with the kernels (once; freed with the bucket)."""
+        if self._id is None:
+            lists = [self.params, *self.state]
+            self._id = _ops.op("bucket_new")([t for lst in lists for t in lst], [len(lst) for lst in lists])
+            weakref.finalize(self, _ops.op("bucket_free"), self._id).atexit = False
+        return self._id
 
 
 @dataclass
@@ -199,9 +212,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         for (_, dtype, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state[p] for p in params]
-            lists = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
+            state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
-            plan.buckets.append(_Bucket(index, whole, params, lists, fused, dtype))
+            plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan
@@ -221,6 +234,8 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _unfusable(self, p: Tensor, state: dict) -> str | None:
         """Why the kernel cannot update ``p`` in place, or None when it can."""
+        if type(p) not in (Tensor, torch.nn.Parameter):
+            return f"is a {type(p).__name__}, a tensor subclass the kernel cannot see through"
         if p.device.type not in FUSED_DEVICE_TYPES:
             return f"is on {p.device}, which has no fused kernel yet"
         if p.dtype not in FUSED_DTYPES:
@@ -240,10 +255,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         The kernel checks the grads itself (dense, same dtype and size as their params) before it
         writes anything, so the hot path does no per-grad Python check: a bucket the kernel
         refuses is unchanged and is redone here by the reference path, or the error is raised."""
+        amp = dict(grad_scale=grad_scale, found_inf=found_inf)
         if bucket.fused:
             try:
-                _ops.op(self.op_name)(bucket.params, grads, *bucket.lists, grad_scale=grad_scale,
-                                      found_inf=found_inf, **scalars)
+                if torch.compiler.is_compiling():  # the traceable op, with every list spelled out
+                    _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+                else:
+                    _ops.op(self.op_name + "bucket")(bucket.bucket_id(), grads, *bucket.per_step, **amp, **scalars)
                 return "fused"
             except RuntimeError:
                 self._check_dense(bucket, grads, gi)
@@ -251,8 +269,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     raise
                 self._fallback(f"group {gi} has gradients whose dtype differs from their params' ({bucket.dtype})")
         self._check_dense(bucket, grads, gi)
-        getattr(_reference, self.op_name)(bucket.params, grads, *bucket.lists, grad_scale=grad_scale,
-                                          found_inf=found_inf, **scalars)
+        getattr(_reference, self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
         return "reference"
 
     def _check_dense(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:

@@ -70,9 +70,9 @@ class FusedSGD(FusedOptimizer):
 
     def _state_lists(self, group, params, states, fresh) -> tuple:
         if group["momentum"] == 0:
-            return [], []
+            return ([],), ([],)
         # first_step may be empty when no param is on its first step (one list less to pass).
-        return [st["momentum_buffer"] for st in states], fresh if any(fresh) else []
+        return ([st["momentum_buffer"] for st in states],), (fresh if any(fresh) else [],)
 
     def _scalars(self, group: dict) -> dict:
         return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],

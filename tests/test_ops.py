@@ -70,3 +70,43 @@ def test_compiled_step_with_fullgraph_matches_eager(cls, kw):
         step()
         for a, b in zip(eager, comp):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
+    """The eager fast path: lists registered once, a step passes only the grads."""
+    args, kwargs = sample_args(op, torch.float32, amp=True)
+    twin_args = tuple([x.clone() if isinstance(x, torch.Tensor) else x for x in a] for a in args)
+    params, grads, *rest = twin_args
+    state = rest if op == "adam_" else rest[:1]
+    per_step = [] if op == "adam_" else rest[1:]
+    lists = [params, *state]
+    bucket = torch.ops.fused_optim.bucket_new([t for lst in lists for t in lst], [len(lst) for lst in lists])
+    versions = [t._version for lst in lists for t in lst]
+    try:
+        getattr(torch.ops.fused_optim, op + "bucket")(bucket, grads, *per_step, **kwargs)
+    finally:
+        torch.ops.fused_optim.bucket_free(bucket)
+    getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    for a, b in zip(args, twin_args):
+        for x, y in zip(a, b):
+            if isinstance(x, torch.Tensor):
+                assert torch.equal(x, y)
+    assert all(t._version == v + 1 for t, v in zip([t for lst in lists for t in lst], versions))
+    with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
+        getattr(torch.ops.fused_optim, op + "bucket")(bucket, grads, *per_step, **kwargs)
+
+
+def test_buckets_are_freed_with_their_optimizer():
+    import gc
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = fused_optim.FusedSGD([p], lr=0.1, momentum=0.9, fused=True)
+    opt.step()
+    opt.step()
+    bucket = next(iter(opt._plans.values())).buckets[0].bucket_id()
+    del opt
+    gc.collect()
+    with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
+        torch.ops.fused_optim.sgd_bucket(bucket, [p.grad], [], **SCALARS["sgd_"])

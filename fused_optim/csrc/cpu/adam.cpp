@@ -3,6 +3,7 @@
 //   g <- ±g / grad_scale ; p <- p*(1 - lr*wd) (decoupled) | g <- g + wd*p (L2)
 //   m <- m + (1-beta1)*(g - m) ; v <- beta2*v + (1-beta2)*g*g ; vmax <- max(vmax, v) (amsgrad)
 //   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^step (or 1)
+#include "bucket.h"
 #include "multi_tensor.h"
 
 #include <torch/library.h>
@@ -113,10 +114,24 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
 }
 
+// The bucket twin: lists {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps} registered once.
+void adam_bucket_cpu(int64_t bucket, at::TensorList grads, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
+                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const auto lists = get_bucket(bucket);
+  TORCH_CHECK(lists->size() == 5, "fused_optim::adam_bucket: needs the lists {params, exp_avgs, exp_avg_sqs, "
+              "max_exp_avg_sqs, steps}");
+  const auto& l = *lists;
+  adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
+           bias_correction, grad_scale, found_inf);
+  bump_versions(l);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("adam_", &adam_cpu);
+  m.impl("adam_bucket", &adam_bucket_cpu);
 }
 
 }  // namespace fused_optim

@@ -3,6 +3,7 @@
 //   g <- ±g / grad_scale ; g <- g + wd*p (unless wd_after_momentum)
 //   buf <- g (first step) | momentum*buf + (1-dampening)*g ; g <- g + momentum*buf (nesterov) | buf
 //   g <- g + wd*p (wd_after_momentum) ; p <- p - lr*g
+#include "bucket.h"
 #include "multi_tensor.h"
 
 #include <torch/library.h>
@@ -77,10 +78,23 @@ void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList mome
   });
 }
 
+// The bucket twin: lists {params, momentum_buffers} registered once (see bucket.h).
+void sgd_bucket_cpu(int64_t bucket, at::TensorList grads, const c10::List<bool>& first_step, double lr,
+                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                    bool wd_after_momentum, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf) {
+  const auto lists = get_bucket(bucket);
+  TORCH_CHECK(lists->size() == 2, "fused_optim::sgd_bucket: needs the lists {params, momentum_buffers}");
+  sgd_cpu((*lists)[0], grads, (*lists)[1], first_step, lr, momentum, dampening, weight_decay, nesterov,
+          maximize, wd_after_momentum, grad_scale, found_inf);
+  bump_versions(*lists);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("sgd_", &sgd_cpu);
+  m.impl("sgd_bucket", &sgd_bucket_cpu);
 }
 
 }  // namespace fused_optim

@@ -1,0 +1,58 @@
+#include "bucket.h"
+
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <unordered_map>
+
+namespace fused_optim {
+namespace {
+
+std::mutex registry_mutex;
+std::unordered_map<int64_t, std::shared_ptr<const TensorLists>> registry;
+int64_t next_id = 1;
+
+int64_t bucket_new(at::TensorList tensors, c10::IntArrayRef lengths) {
+  auto lists = std::make_shared<TensorLists>();
+  size_t offset = 0;
+  for (const int64_t n : lengths) {
+    TORCH_CHECK(n >= 0 && offset + n <= tensors.size(), "fused_optim::bucket_new: lengths exceed the tensors");
+    lists->emplace_back(tensors.begin() + offset, tensors.begin() + offset + n);
+    offset += n;
+  }
+  TORCH_CHECK(offset == tensors.size(), "fused_optim::bucket_new: lengths do not add up to the tensors");
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry.emplace(next_id, std::move(lists));
+  return next_id++;
+}
+
+void bucket_free(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  registry.erase(id);
+}
+
+}  // namespace
+
+std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
+  std::lock_guard<std::mutex> lock(registry_mutex);
+  const auto it = registry.find(id);
+  TORCH_CHECK(it != registry.end(), "fused_optim: bucket ", id, " does not exist (freed, or from another process)");
+  return it->second;
+}
+
+void bump_versions(const TensorLists& lists) {
+  for (const auto& list : lists) {
+    for (const auto& t : list) {
+      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    }
+  }
+}
+
+// No dispatch key: these ops take no tensor that says where they run, so CompositeExplicitAutograd.
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("bucket_new", &bucket_new);
+  m.impl("bucket_free", &bucket_free);
+}
+
+}  // namespace fused_optim
