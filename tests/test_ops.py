@@ -110,3 +110,29 @@ def test_buckets_are_freed_with_their_optimizer():
     gc.collect()
     with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
         torch.ops.fused_optim.sgd_bucket(bucket, [p.grad], [], **SCALARS["sgd_"])
+
+
+@pytest.mark.parametrize("lr", [1e-10, 0.3, 1.0, 3e5])
+def test_bf16_results_round_exactly_like_torch(lr):
+    """The kernels' fp32 -> bf16 store (a one-instruction path where the CPU has AVX512-BF16)
+    must give torch's bits: round to nearest even, denormals kept, inf/nan preserved. The same
+    update on fp32 storage, rounded by torch, is the oracle (identical fp32 math)."""
+    gen = torch.Generator().manual_seed(0)
+    n = 4096 + 5
+    mags = torch.pow(10.0, torch.empty(n).uniform_(-38, 38, generator=gen))
+    g = (mags * torch.randint(0, 2, (n,), generator=gen).mul(2).sub(1)).to(torch.bfloat16)
+    g[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-38])
+    p = torch.randn(n, generator=gen).to(torch.bfloat16) * 1e-30
+    p[::2] = 0  # there, lr * g alone decides: below fp32's normal range for the smallest lr
+    kw = dict(lr=lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
+              wd_after_momentum=False)
+    in_bf16, in_fp32 = p.clone(), p.float()
+    torch.ops.fused_optim.sgd_([in_bf16], [g], [], [], **kw)
+    torch.ops.fused_optim.sgd_([in_fp32], [g.float()], [], [], **kw)
+    expected = in_fp32.to(torch.bfloat16)
+    nan = expected.isnan()
+    assert torch.equal(in_bf16.isnan(), nan)
+    assert torch.equal(in_bf16[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    if lr == 1e-10:  # fp32 denormals were produced and kept as bf16 denormals
+        tiny = torch.finfo(torch.float32).tiny
+        assert ((in_fp32.abs() < tiny) & (in_fp32 != 0)).any() and ((expected.float().abs() < tiny) & (expected != 0)).any()

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -74,9 +75,29 @@ inline Block<T> load_block(const T* p) {
   return b;
 }
 
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// fp32 -> bf16 in one instruction per 32 lanes (round to nearest even, like ATen's conversion),
+// used when no lane is an fp32 denormal: the instruction flushes those to zero, ATen keeps them.
+inline bool store_bf16_fast(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
+  const __m512 tiny = _mm512_set1_ps(std::numeric_limits<float>::min());
+  const __mmask16 denormal_lo = _mm512_cmp_ps_mask(_mm512_abs_ps(lo), tiny, _CMP_LT_OQ) &
+                                _mm512_cmp_ps_mask(lo, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  const __mmask16 denormal_hi = _mm512_cmp_ps_mask(_mm512_abs_ps(hi), tiny, _CMP_LT_OQ) &
+                                _mm512_cmp_ps_mask(hi, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  if (denormal_lo | denormal_hi) return false;
+  _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  return true;
+}
+#endif
+
 template <typename T>
 inline void store_block(T* p, const Block<T>& b) {
   if constexpr (kHalves<T> == 2) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (store_bf16_fast(p, b.v[0], b.v[1])) return;
+    }
+#endif
     at::vec::convert_from_float<T>(b.v[0], b.v[1]).store(p);
   } else {
     b.v[0].store(p);
