@@ -189,7 +189,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         return grad_scale, found_inf
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
-        key = (id(group["params"]), tuple(g is not None for g in grads), self._layout(group))
+        key = (id(group["params"]), [g is None for g in grads], self._layout(group))
         plan = self._plans.get(id(group))
         if plan is not None and plan.key == key:
             return plan
