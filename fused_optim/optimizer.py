@@ -13,7 +13,7 @@ An algorithm subclass declares data and small hooks:
 
 The base class validates, initializes state lazily, buckets each group's params by (device,
 dtype, kernel eligibility), caches the tensor lists (rebuilt only when the group's params, the set
-of params with grads, the state (through ``load_state_dict``) or the layout changes) and keeps
+of params with grads, the layout, or a param's state dict (assigned anew, or loaded) changes) and keeps
 them registered on the C++ side (a step passes only the grads), and calls one op per bucket. It implements the AMP
 contract of ``torch.amp.GradScaler`` (``grad_scale`` / ``found_inf`` are handed to the op, which
 unscales inside and skips everything on overflow) and the three-valued ``fused`` flag:
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -88,6 +89,27 @@ class _Plan:
     key: tuple
     buckets: list[_Bucket]
     created: list[tuple[dict, list[str]]] = field(default_factory=list)  # state keys made for this step
+    state_version: int = -1
+
+
+class _StateDict(defaultdict):
+    """``optimizer.state`` that counts assignments of a param's state dict, so cached lists notice
+    when one is replaced (Lightning's optimizer_to_device does that when it moves state)."""
+
+    def __init__(self, items=()):
+        super().__init__(dict, items)
+        self.version = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.version += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self.version += 1
+        super().__delitem__(key)
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
 
 
 class FusedOptimizer(torch.optim.Optimizer):
@@ -104,6 +126,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._warned: set[str] = set()
         self._validate(defaults)
         super().__init__(params, defaults)
+        self.state = _StateDict(self.state)
 
     # ---- hooks for algorithms -------------------------------------------------------------
     def _validate(self, group: dict) -> None:
@@ -146,6 +169,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.__dict__.setdefault("set_grad_none", True)
         self.__dict__.setdefault("implementation", "reference" if self.fused is False else None)
         self.__dict__.setdefault("_warned", set())
+        self.state = _StateDict(self.state)
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -191,7 +215,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
         key = (id(group["params"]), [g is None for g in grads], self._layout(group))
         plan = self._plans.get(id(group))
-        if plan is not None and plan.key == key:
+        if plan is not None and plan.key == key and plan.state_version == self.state.version:
             return plan
         plan = _Plan(key, [])
         kernels = self.fused is not False and self._kernels_available()
@@ -199,7 +223,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         for i, (p, g) in enumerate(zip(group["params"], grads)):
             if g is None:
                 continue
-            state = self.state[p]
+            state = self.state.get(p)
+            if state is None:  # not self.state[p]: dynamo cannot trace our __missing__
+                state = self.state[p] = {}
             before = set(state)
             self._init_state(p, state, group)
             if len(state) != len(before):
@@ -215,6 +241,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
+        plan.state_version = self.state.version
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan

@@ -98,3 +98,19 @@ def test_copies_keep_the_fused_flag_and_state(clone):
     dup = clone(opt)
     assert dup.fused is False and dup.set_grad_none is True
     assert len(dup.state) == len(opt.state)
+
+
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_replacing_a_params_state_dict_is_noticed(case):
+    """Lightning's optimizer_to_device assigns new state dicts (new tensors off-CPU); the cached
+    lists must follow, or the kernel would keep updating the old tensors."""
+    ga, gb = twin_groups(case)
+    a, b = case.make_ours(ga, fused=True), case.make_torch(gb)
+    for step in range(6):
+        set_grads(ga, gb, step)
+        a.step()
+        b.step()
+        if step == 2:
+            for p in list(a.state):
+                a.state[p] = {k: v.clone() for k, v in a.state[p].items()}
+        assert_state_close(a, b, 1e-6, f"{case.id} step {step}")
