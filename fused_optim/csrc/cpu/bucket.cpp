@@ -49,7 +49,7 @@ void bump_versions(const TensorLists& lists) {
   }
 }
 
-// No dispatch key: these ops take no tensor that says where they run, so CompositeExplicitAutograd.
+// Neither op computes on a tensor (bucket_free takes none): CompositeExplicitAutograd serves every backend.
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("bucket_new", &bucket_new);
   m.impl("bucket_free", &bucket_free);
