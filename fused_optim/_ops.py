@@ -13,12 +13,14 @@ inside the op, and nothing at all changes when ``found_inf`` is non-zero (step c
 ``sgd_``'s ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
 torch.optim's first step), or is empty when no param is on its first step.
 
-Each update op has an eager-only twin ``<name>bucket`` taking ``int bucket`` in place of the params
-and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side (as one flat
-list cut into consecutive lists of the given lengths) until ``bucket_free``, so a step passes only
-the grads (the dispatcher converts every Python tensor list on every call, ~85 ns per tensor per
-list). The twins mutate tensors their schema does not name and bump their version counters
-themselves: they are for plain eager steps, never traced; ``torch.compile`` uses the list ops.
+Each update op has an eager-only twin ``<name>bucket`` taking ``int bucket`` in place of the
+params, grads and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side
+(one flat list cut into consecutive lists of the given lengths) until ``bucket_free``, and the
+twin reads each param's ``.grad`` itself, so a step passes no tensor list at all (the dispatcher
+converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
+when it stepped and 1, changing nothing, when a registered param has no grad. The twins mutate
+tensors their schema does not name and bump their version counters themselves: they are for plain
+eager steps, never traced; ``torch.compile`` uses the list ops.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _update_op(state: str, per_step: str, scalars: str) -> dict[str, str]:
     extra = f", {per_step}" if per_step else ""
     return {
         "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{extra}, *, {scalars}, {_AMP}) -> ()",
-        "bucket": f"(int bucket, Tensor[] grads{extra}, *, {scalars}, {_AMP}) -> ()",
+        "bucket": f"(int bucket{extra}, *, {scalars}, {_AMP}) -> int",
     }
 
 

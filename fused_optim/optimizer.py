@@ -90,6 +90,7 @@ class _Plan:
     buckets: list[_Bucket]
     created: list[tuple[dict, list[str]]] = field(default_factory=list)  # state keys made for this step
     state_version: int = -1
+    direct: bool = False  # one fused bucket holding every param of the group (see _step_direct)
 
 
 class _StateDict(defaultdict):
@@ -184,14 +185,18 @@ class FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         grad_scale, found_inf = self._amp_args()
+        amp = dict(grad_scale=grad_scale, found_inf=found_inf)
         used = set()
         for gi, group in enumerate(self.param_groups):
+            scalars = self._scalars(group)
+            if self._step_direct(group, scalars, amp):
+                used.add("fused")
+                continue
             grads = [p.grad for p in group["params"]]
             plan = self._plan(gi, group, grads)
-            scalars = self._scalars(group)
             for bucket in plan.buckets:
                 bgrads = grads if bucket.whole else [grads[i] for i in bucket.index]
-                used.add(self._run(bucket, bgrads, gi, scalars, grad_scale, found_inf))
+                used.add(self._run(bucket, bgrads, gi, scalars, amp))
             if plan.created:
                 # A skipped (overflow) first step must leave the params as never stepped.
                 if found_inf is not None and bool(found_inf.item()):
@@ -211,6 +216,22 @@ class FusedOptimizer(torch.optim.Optimizer):
             # GradScaler passes a plain 0 when it recorded no inf checks for this optimizer.
             found_inf = torch.tensor(float(found_inf))
         return grad_scale, found_inf
+
+    def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
+        """The common case in one call, without touching a grad in Python: the group's cached plan
+        is one fused bucket of all its params, and the kernel's twin reads their grads itself.
+        False (nothing changed) sends the step down the general path, which rebuilds the plan
+        when a grad went missing and reports errors (sparse or mixed-dtype grads)."""
+        plan = self._plans.get(id(group))
+        if (plan is None or not plan.direct or plan.state_version != self.state.version
+                or plan.key[0] != id(group["params"]) or plan.key[2] != self._layout(group)
+                or torch.compiler.is_compiling()):
+            return False
+        bucket = plan.buckets[0]
+        try:
+            return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
+        except RuntimeError:
+            return False
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
         key = (id(group["params"]), [g is None for g in grads], self._layout(group))
@@ -242,6 +263,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             whole = len(index) == len(grads)
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
         plan.state_version = self.state.version
+        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan
@@ -276,19 +298,18 @@ class FusedOptimizer(torch.optim.Optimizer):
                 return f"has state '{name}' that is not a contiguous {p.dtype} tensor on {p.device}"
         return None
 
-    def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, grad_scale, found_inf) -> str:
+    def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
         """One op call for the bucket; returns which implementation ran.
 
         The kernel checks the grads itself (dense, same dtype and size as their params) before it
         writes anything, so the hot path does no per-grad Python check: a bucket the kernel
         refuses is unchanged and is redone here by the reference path, or the error is raised."""
-        amp = dict(grad_scale=grad_scale, found_inf=found_inf)
         if bucket.fused:
             try:
                 if torch.compiler.is_compiling():  # the traceable op, with every list spelled out
                     _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
-                else:
-                    _ops.op(self.op_name + "bucket")(bucket.bucket_id(), grads, *bucket.per_step, **amp, **scalars)
+                elif _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars):
+                    raise RuntimeError("fused_optim: a param lost its grad during the step")
                 return "fused"
             except RuntimeError:
                 self._check_dense(bucket, grads, gi)

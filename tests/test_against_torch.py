@@ -107,3 +107,21 @@ def test_thread_count_does_not_change_results():
         results.append([p.detach().clone() for p in ps])
     torch.set_num_threads(2)
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_grads_that_come_and_go_match_torch(case):
+    """The cached plans must follow the set of params with grads, both ways, every step."""
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randn(n, generator=gen) for n in (3, 4097, 40)]
+    ours_p = [torch.nn.Parameter(t.clone()) for t in base]
+    theirs_p = [torch.nn.Parameter(t.clone()) for t in base]
+    ours, theirs = case.make_ours(ours_p, fused=True), case.make_torch(theirs_p)
+    pattern = [(1, 1, 1), (1, 1, 1), (1, 0, 1), (1, 1, 1), (0, 0, 1), (1, 1, 1), (1, 1, 1)]
+    for step, present in enumerate(pattern):
+        for a, b, on in zip(ours_p, theirs_p, present):
+            g = torch.randn(a.shape, generator=gen) if on else None
+            a.grad, b.grad = g, None if g is None else g.clone()
+        ours.step()
+        theirs.step()
+        assert_state_close(ours, theirs, 1e-6, f"{case.id} step {step}")

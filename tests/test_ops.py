@@ -74,17 +74,22 @@ def test_compiled_step_with_fullgraph_matches_eager(cls, kw):
 
 @pytest.mark.parametrize("op", list(SCALARS))
 def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
-    """The eager fast path: lists registered once, a step passes only the grads."""
+    """The eager fast path: lists registered once, grads read from the params' .grad."""
     args, kwargs = sample_args(op, torch.float32, amp=True)
     twin_args = tuple([x.clone() if isinstance(x, torch.Tensor) else x for x in a] for a in args)
     params, grads, *rest = twin_args
     state = rest if op == "adam_" else rest[:1]
     per_step = [] if op == "adam_" else rest[1:]
     lists = [params, *state]
+    twin = getattr(torch.ops.fused_optim, op + "bucket")
     bucket = torch.ops.fused_optim.bucket_new([t for lst in lists for t in lst], [len(lst) for lst in lists])
     versions = [t._version for lst in lists for t in lst]
     try:
-        getattr(torch.ops.fused_optim, op + "bucket")(bucket, grads, *per_step, **kwargs)
+        assert twin(bucket, *per_step, **kwargs) == 1  # no .grad yet: nothing changes
+        assert [t._version for lst in lists for t in lst] == versions
+        for p, g in zip(params, grads):
+            p.grad = g
+        assert twin(bucket, *per_step, **kwargs) == 0
     finally:
         torch.ops.fused_optim.bucket_free(bucket)
     getattr(torch.ops.fused_optim, op)(*args, **kwargs)
@@ -94,7 +99,7 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
                 assert torch.equal(x, y)
     assert all(t._version == v + 1 for t, v in zip([t for lst in lists for t in lst], versions))
     with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
-        getattr(torch.ops.fused_optim, op + "bucket")(bucket, grads, *per_step, **kwargs)
+        twin(bucket, *per_step, **kwargs)
 
 
 def test_buckets_are_freed_with_their_optimizer():
@@ -109,7 +114,7 @@ def test_buckets_are_freed_with_their_optimizer():
     del opt
     gc.collect()
     with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
-        torch.ops.fused_optim.sgd_bucket(bucket, [p.grad], [], **SCALARS["sgd_"])
+        torch.ops.fused_optim.sgd_bucket(bucket, [], **SCALARS["sgd_"])
 
 
 @pytest.mark.parametrize("lr", [1e-10, 0.3, 1.0, 3e5])

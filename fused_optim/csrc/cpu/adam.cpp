@@ -114,24 +114,32 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
 }
 
-// The bucket twin: lists {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps} registered once.
-void adam_bucket_cpu(int64_t bucket, at::TensorList grads, double lr, double beta1, double beta2, double eps,
-                     double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+// The bucket twin: lists {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps} registered once;
+// the grads are read from the params. Returns kMissingGrad, changing nothing, when one has none.
+int64_t adam_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
+                    bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
+                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const auto lists = get_bucket(bucket);
   TORCH_CHECK(lists->size() == 5, "fused_optim::adam_bucket: needs the lists {params, exp_avgs, exp_avg_sqs, "
               "max_exp_avg_sqs, steps}");
   const auto& l = *lists;
+  const auto grads = grads_of(l[0]);
+  if (grads.size() != l[0].size()) return kMissingGrad;
   adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
            bias_correction, grad_scale, found_inf);
   bump_versions(l);
+  return kStepped;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("adam_", &adam_cpu);
-  m.impl("adam_bucket", &adam_bucket_cpu);
+}
+
+// The twin may take no tensor argument at all: CompositeExplicitAutograd serves it.
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("adam_bucket", &adam_bucket);
 }
 
 }  // namespace fused_optim

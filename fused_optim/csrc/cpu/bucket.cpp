@@ -49,6 +49,17 @@ void bump_versions(const TensorLists& lists) {
   }
 }
 
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) {
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) return {};
+    grads.push_back(g);
+  }
+  return grads;
+}
+
 // Neither op computes on a tensor (bucket_free takes none): CompositeExplicitAutograd serves every backend.
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("bucket_new", &bucket_new);

@@ -78,23 +78,30 @@ void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList mome
   });
 }
 
-// The bucket twin: lists {params, momentum_buffers} registered once (see bucket.h).
-void sgd_bucket_cpu(int64_t bucket, at::TensorList grads, const c10::List<bool>& first_step, double lr,
-                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                    bool wd_after_momentum, const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf) {
+// The bucket twin: lists {params, momentum_buffers} registered once (see bucket.h); the grads
+// are read from the params. Returns kMissingGrad, changing nothing, when a param has no grad.
+int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                   double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const auto lists = get_bucket(bucket);
   TORCH_CHECK(lists->size() == 2, "fused_optim::sgd_bucket: needs the lists {params, momentum_buffers}");
+  const auto grads = grads_of((*lists)[0]);
+  if (grads.size() != (*lists)[0].size()) return kMissingGrad;
   sgd_cpu((*lists)[0], grads, (*lists)[1], first_step, lr, momentum, dampening, weight_decay, nesterov,
           maximize, wd_after_momentum, grad_scale, found_inf);
   bump_versions(*lists);
+  return kStepped;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("sgd_", &sgd_cpu);
-  m.impl("sgd_bucket", &sgd_bucket_cpu);
+}
+
+// The twin may take no tensor argument at all: CompositeExplicitAutograd serves it.
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("sgd_bucket", &sgd_bucket);
 }
 
 }  // namespace fused_optim
