@@ -13,10 +13,11 @@ An algorithm subclass declares data and small hooks:
 
 The base class validates, initializes state lazily, buckets each group's params by (device,
 dtype, kernel eligibility), caches the tensor lists (rebuilt only when the group's params, the set
-of params with grads, the layout, or a param's state dict (assigned anew, or loaded) changes) and keeps
-them registered on the C++ side (a step passes only the grads), and calls one op per bucket. It implements the AMP
-contract of ``torch.amp.GradScaler`` (``grad_scale`` / ``found_inf`` are handed to the op, which
-unscales inside and skips everything on overflow) and the three-valued ``fused`` flag:
+of params with grads, the layout, or a param's state dict (assigned anew, or loaded) changes),
+keeps them registered on the C++ side (the kernel reads the grads from the params), and calls one
+op per bucket. It implements the AMP contract of ``torch.amp.GradScaler`` (``grad_scale`` /
+``found_inf`` are handed to the op, which unscales inside and skips everything on overflow) and
+the three-valued ``fused`` flag:
 
 * ``fused=None`` (default): the kernels where they build and the tensors are supported, else the
   reference implementation with one warning saying why;
