@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -79,12 +78,8 @@ inline Block<T> load_block(const T* p) {
 // fp32 -> bf16 in one instruction per 32 lanes (round to nearest even, like ATen's conversion),
 // used when no lane is an fp32 denormal: the instruction flushes those to zero, ATen keeps them.
 inline bool store_bf16_fast(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
-  const __m512 tiny = _mm512_set1_ps(std::numeric_limits<float>::min());
-  const __mmask16 denormal_lo = _mm512_cmp_ps_mask(_mm512_abs_ps(lo), tiny, _CMP_LT_OQ) &
-                                _mm512_cmp_ps_mask(lo, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-  const __mmask16 denormal_hi = _mm512_cmp_ps_mask(_mm512_abs_ps(hi), tiny, _CMP_LT_OQ) &
-                                _mm512_cmp_ps_mask(hi, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-  if (denormal_lo | denormal_hi) return false;
+  constexpr int kDenormal = 0x20;  // vfpclassps category: denormal
+  if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) return false;
   _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   return true;
 }
