@@ -87,7 +87,8 @@ class _Bucket:
 
 @dataclass
 class _Plan:
-    key: tuple
+    key: tuple  # (the group's params list, the algorithm's layout): what the lists are built for
+    has_grad: list[bool]  # which params had a grad when the plan was built
     buckets: list[_Bucket]
     created: list[tuple[dict, list[str]]] = field(default_factory=list)  # state keys made for this step
     state_version: int = -1
@@ -223,23 +224,31 @@ class FusedOptimizer(torch.optim.Optimizer):
         is one fused bucket of all its params, and the kernel's twin reads their grads itself.
         False (nothing changed) sends the step down the general path, which rebuilds the plan
         when a grad went missing and reports errors (sparse or mixed-dtype grads)."""
-        plan = self._plans.get(id(group))
-        if (plan is None or not plan.direct or plan.state_version != self.state.version
-                or plan.key[0] != id(group["params"]) or plan.key[2] != self._layout(group)
-                or torch.compiler.is_compiling()):
+        plan = self._cached_plan(group)
+        if plan is None or not plan.direct or torch.compiler.is_compiling():
             return False
-        bucket = plan.buckets[0]
         try:
-            return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
+            return self._step_twin(plan.buckets[0], scalars, amp)
         except RuntimeError:
             return False
 
-    def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
-        key = (id(group["params"]), [g is None for g in grads], self._layout(group))
+    def _step_twin(self, bucket: _Bucket, scalars: dict, amp: dict) -> bool:
+        """The bucket's eager kernel call; False (nothing changed) when a param has no grad."""
+        return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
+
+    def _cached_plan(self, group: dict) -> _Plan | None:
+        """The group's plan if its lists are still those of the group's params, layout and state."""
         plan = self._plans.get(id(group))
-        if plan is not None and plan.key == key and plan.state_version == self.state.version:
+        if plan is None or plan.state_version != self.state.version:
+            return None
+        return plan if plan.key == (id(group["params"]), self._layout(group)) else None
+
+    def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
+        has_grad = [g is not None for g in grads]
+        plan = self._cached_plan(group)
+        if plan is not None and plan.has_grad == has_grad:
             return plan
-        plan = _Plan(key, [])
+        plan = _Plan((id(group["params"]), self._layout(group)), has_grad, [])
         kernels = self.fused is not False and self._kernels_available()
         by_kind: dict[tuple, list[int]] = {}
         for i, (p, g) in enumerate(zip(group["params"], grads)):
@@ -309,7 +318,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             try:
                 if torch.compiler.is_compiling():  # the traceable op, with every list spelled out
                     _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
-                elif _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars):
+                elif not self._step_twin(bucket, scalars, amp):
                     raise RuntimeError("fused_optim: a param lost its grad during the step")
                 return "fused"
             except RuntimeError:

@@ -119,16 +119,10 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
 int64_t adam_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
                     bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  const auto lists = get_bucket(bucket);
-  TORCH_CHECK(lists->size() == 5, "fused_optim::adam_bucket: needs the lists {params, exp_avgs, exp_avg_sqs, "
-              "max_exp_avg_sqs, steps}");
-  const auto& l = *lists;
-  const auto grads = grads_of(l[0]);
-  if (grads.size() != l[0].size()) return kMissingGrad;
-  adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
-           bias_correction, grad_scale, found_inf);
-  bump_versions(l);
-  return kStepped;
+  return step_bucket("adam_bucket", bucket, 5, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+    adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
+             bias_correction, grad_scale, found_inf);
+  });
 }
 
 }  // namespace

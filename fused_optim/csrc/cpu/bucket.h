@@ -1,8 +1,10 @@
-// Buckets: tensor lists an optimizer registers once and refers to by id on every step, so a step
-// passes only its grads through the dispatcher (see fused_optim/_ops.py). Thread-safe registry.
+// Buckets: tensor lists an optimizer registers once and refers to by id on every step; the
+// update ops' twins read the grads from the params, so a step passes no tensor list through the
+// dispatcher (see fused_optim/_ops.py). Thread-safe registry.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <memory>
 #include <vector>
@@ -23,5 +25,19 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
 // What a bucket twin returns: whether it stepped.
 constexpr int64_t kStepped = 0;
 constexpr int64_t kMissingGrad = 1;
+
+// The body of every twin: fetch bucket `id` (`num_lists` lists, params first), read the params'
+// grads, run update(lists, grads), bump the versions. Nothing changes when a grad is missing.
+template <typename Update>
+int64_t step_bucket(const char* op, int64_t id, size_t num_lists, const Update& update) {
+  const auto lists = get_bucket(id);
+  TORCH_CHECK(lists->size() == num_lists, "fused_optim::", op, ": bucket ", id, " holds ", lists->size(),
+              " lists, the op needs ", num_lists);
+  const auto grads = grads_of((*lists)[0]);
+  if (grads.size() != (*lists)[0].size()) return kMissingGrad;
+  update(*lists, grads);
+  bump_versions(*lists);
+  return kStepped;
+}
 
 }  // namespace fused_optim

@@ -83,14 +83,10 @@ void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList mome
 int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                    double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  const auto lists = get_bucket(bucket);
-  TORCH_CHECK(lists->size() == 2, "fused_optim::sgd_bucket: needs the lists {params, momentum_buffers}");
-  const auto grads = grads_of((*lists)[0]);
-  if (grads.size() != (*lists)[0].size()) return kMissingGrad;
-  sgd_cpu((*lists)[0], grads, (*lists)[1], first_step, lr, momentum, dampening, weight_decay, nesterov,
-          maximize, wd_after_momentum, grad_scale, found_inf);
-  bump_versions(*lists);
-  return kStepped;
+  return step_bucket("sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+    sgd_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, maximize,
+            wd_after_momentum, grad_scale, found_inf);
+  });
 }
 
 }  // namespace
