@@ -10,17 +10,29 @@ See README.md for the algorithms, the ``fused`` flag and the environment variabl
 from . import _ops  # noqa: F401  (defines the op schemas)
 from ._build import build_error, is_available
 from .adam import FusedAdam
+from .lamb import FusedLAMB, Lamb
+from .lars import LARS, Lars
+from .norm import multi_tensor_l2norm
 from .optimizer import FusedOptimizer
 from .registry import create_optimizer, list_optimizers
 from .sgd import FusedSGD
+from .sign_sgd import SignSGD
+from .sparsified_sgd import SparsifiedSGD
 
 __all__ = [
+    "LARS",
     "FusedAdam",
+    "FusedLAMB",
     "FusedOptimizer",
     "FusedSGD",
+    "Lamb",
+    "Lars",
+    "SignSGD",
+    "SparsifiedSGD",
     "build_error",
     "create_optimizer",
     "is_available",
     "list_optimizers",
+    "multi_tensor_l2norm",
 ]
 __version__ = "0.1.0"

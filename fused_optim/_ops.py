@@ -6,11 +6,12 @@ implementations for these schemas (``TORCH_LIBRARY_IMPL(fused_optim, CPU, m)``),
 lazily by :mod:`fused_optim._build`; :mod:`fused_optim._reference` implements the update ops with
 the same signatures in pure PyTorch.
 
-Update ops (``sgd_``, ``adam_``) are in-place (trailing underscore), take the params, the grads,
+Update ops (``sgd_``, ``sign_sgd_``, ``lars_``, ``colossal_lars_``, ``sparsified_sgd_``, ``adam_``,
+``lamb_``, ``colossal_lamb_``) are in-place (trailing underscore), take the params, the grads,
 the algorithm's state lists, its per-step lists and keyword scalars, plus the optional
 ``grad_scale`` / ``found_inf`` of ``torch.amp.GradScaler``: grads are divided by ``grad_scale``
 inside the op, and nothing at all changes when ``found_inf`` is non-zero (step counters included).
-``sgd_``'s ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
+The momentum ops' ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
 torch.optim's first step), or is empty when no param is on its first step.
 
 Each update op has an eager-only twin ``<name>bucket`` taking ``int bucket`` in place of the
@@ -21,6 +22,11 @@ converts every Python tensor list on every call, ~85 ns per tensor per list). A 
 when it stepped and 1, changing nothing, when a registered param has no grad. The twins mutate
 tensors their schema does not name and bump their version counters themselves: they are for plain
 eager steps, never traced; ``torch.compile`` uses the list ops.
+
+``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
+``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor
+norms inside the kernel, without a host sync per tensor. ``lamb_`` takes the global grad norm of
+all groups as a tensor and clips with it inside the kernel.
 """
 
 from __future__ import annotations
@@ -39,18 +45,53 @@ def _update_op(state: str, per_step: str, scalars: str) -> dict[str, str]:
     }
 
 
+_MOMENTUM = "Tensor(b!)[] momentum_buffers"
+_ADAM_MOMENTS = "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs"
+_STEPS = "Tensor(d!)[] steps"
+
 UPDATE_OPS = {
     "sgd_": _update_op(
-        "Tensor(b!)[] momentum_buffers",
+        _MOMENTUM,
         "bool[] first_step",
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
         "bool wd_after_momentum",
     ),
+    "sign_sgd_": _update_op(
+        _MOMENTUM, "bool[] first_step", "float lr, float momentum, float dampening, float weight_decay, bool nesterov"
+    ),
+    "lars_": _update_op(
+        _MOMENTUM,
+        "bool[] first_step",
+        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, float trust_coefficient, "
+        "float eps, bool trust_clip, bool always_adapt",
+    ),
+    "colossal_lars_": _update_op(
+        _MOMENTUM,
+        "bool[] first_step",
+        "float lr, float momentum, float eeta, float weight_decay, float epsilon, bool lars",
+    ),
+    "sparsified_sgd_": _update_op(
+        "Tensor(b!)[] memories",
+        "",
+        "float lr, float weight_decay, int sparse_grad_size, bool random_sparse, Generator? generator=None",
+    ),
     "adam_": _update_op(
-        "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps",
+        f"{_ADAM_MOMENTS}, Tensor(e!)[] max_exp_avg_sqs, {_STEPS}",
         "",
         "float lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
         "bool maximize, bool bias_correction=True",
+    ),
+    "lamb_": _update_op(
+        f"{_ADAM_MOMENTS}, {_STEPS}",
+        "",
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, "
+        "bool grad_averaging, bool adam_w_mode, float max_grad_norm, bool use_nvlamb, bool trust_clip, "
+        "Tensor? global_grad_norm=None",
+    ),
+    "colossal_lamb_": _update_op(
+        f"{_ADAM_MOMENTS}, {_STEPS}",
+        "",
+        "float lr, float beta1, float beta2, float eps, float weight_decay, bool adam, bool bias_correction",
     ),
 }
 
@@ -67,6 +108,16 @@ for _name, _variants in UPDATE_OPS.items():
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
 _lib.define("bucket_new(Tensor[] tensors, int[] lengths) -> int")
+_lib.define("l2norm(Tensor[] tensors) -> (Tensor, Tensor)")
+
+
+@torch.library.register_fake("fused_optim::l2norm", lib=_lib)
+def _l2norm_fake(tensors):
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    device = tensors[0].device if tensors else torch.device("cpu")
+    return torch.empty((), dtype=dtype, device=device), torch.empty(len(tensors), dtype=dtype, device=device)
+
+
 _lib.define("bucket_free(int bucket) -> ()")
 
 

@@ -28,23 +28,106 @@ def _opmath(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t.clone()
 
 
+def _norm(t: Tensor) -> float:
+    return float(torch.linalg.vector_norm(t, dtype=torch.float64))
+
+
+def _sgd_family(params, grads, momentum_buffers, first_step, *, grad_mul, weight_decay, lr, momentum, dampening,
+                nesterov, wd_after_momentum=False, direction="plain", clamp=0.0) -> None:
+    """The SGD family (see csrc/cpu/sgd_family.h): per-tensor grad_mul, weight_decay and lr lists;
+    direction "plain", "sign" (SignSGD) or "clamp" (d clamped to [-clamp, clamp] before momentum)."""
+    for i, (p, g_in) in enumerate(zip(params, grads)):
+        x = _opmath(p)
+        d = _opmath(g_in).to(x.dtype) * grad_mul[i]
+        if weight_decay[i] != 0 and not wd_after_momentum:
+            d = d + weight_decay[i] * x
+        if direction == "clamp":
+            d = d.clamp(-clamp, clamp)
+        if momentum != 0:
+            buf = d.clone() if first_step and first_step[i] else momentum * _opmath(momentum_buffers[i]) + (1 - dampening) * d
+            momentum_buffers[i].copy_(buf)
+            d = d + momentum * buf if nesterov else buf
+        if weight_decay[i] != 0 and wd_after_momentum:
+            d = d + weight_decay[i] * x
+        p.copy_(x - lr[i] * (d.sign() if direction == "sign" else d))
+
+
 def sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay,
          nesterov, maximize, wd_after_momentum, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
-    mul = _grad_multiplier(grad_scale, maximize)
-    for i, (p, g_in) in enumerate(zip(params, grads)):
+    n = len(params)
+    _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=[_grad_multiplier(grad_scale, maximize)] * n,
+                weight_decay=[weight_decay] * n, lr=[lr] * n, momentum=momentum, dampening=dampening,
+                nesterov=nesterov, wd_after_momentum=wd_after_momentum)
+
+
+def sign_sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
+              grad_scale=None, found_inf=None) -> None:
+    if _skip(found_inf):
+        return
+    n = len(params)
+    _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=[_grad_multiplier(grad_scale, False)] * n,
+                weight_decay=[weight_decay] * n, lr=[lr] * n, momentum=momentum, dampening=dampening,
+                nesterov=nesterov, direction="sign")
+
+
+def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
+          trust_coefficient, eps, trust_clip, always_adapt, grad_scale=None, found_inf=None) -> None:
+    if _skip(found_inf):
+        return
+    inv = _grad_multiplier(grad_scale, False)
+    grad_mul, decay = [], []
+    for p, g in zip(params, grads):
+        pn, gn = _norm(p), _norm(g) * inv
+        r = 1.0
+        adapt = (weight_decay != 0 or always_adapt) and pn > 0 and gn > 0
+        if adapt:
+            r = trust_coefficient * pn / (gn + weight_decay * pn + eps)
+            if trust_clip:
+                r = min(r / lr if lr != 0 else math.inf, 1.0)
+        grad_mul.append(inv * r)
+        decay.append(weight_decay * r if adapt else 0.0)
+    _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=grad_mul, weight_decay=decay,
+                lr=[lr] * len(params), momentum=momentum, dampening=dampening, nesterov=nesterov)
+
+
+def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, eeta, weight_decay, epsilon, lars,
+                   grad_scale=None, found_inf=None) -> None:
+    if _skip(found_inf):
+        return
+    inv = _grad_multiplier(grad_scale, False)
+    rates = []
+    for p, g in zip(params, grads):
+        pn, gn = _norm(p), _norm(g) * inv
+        r = eeta * pn / (gn + weight_decay * pn + epsilon) if lars and pn > 0 and gn > 0 else 1.0
+        rates.append(lr * min(max(r, 0.0), 50.0))
+    n = len(params)
+    _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=[inv] * n,
+                weight_decay=[weight_decay if lars else 0.0] * n, lr=rates, momentum=momentum, dampening=0.0,
+                nesterov=False, direction="clamp", clamp=10.0)
+
+
+def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_size, random_sparse, generator=None,
+                    grad_scale=None, found_inf=None) -> None:
+    """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws)."""
+    if _skip(found_inf):
+        return
+    mul = lr * _grad_multiplier(grad_scale, False)
+    for p, g, memory in zip(params, grads, memories):
+        d = p.numel()
+        if random_sparse:
+            index = torch.randperm(d, generator=generator)[:sparse_grad_size]
+        else:
+            blocks = -(-d // sparse_grad_size)
+            start = int(torch.randint(blocks, (1,), generator=generator)) * sparse_grad_size
+            index = torch.arange(start, min(start + sparse_grad_size, d))
+        memory.copy_(_opmath(memory) + mul * _opmath(g).to(_opmath(memory).dtype))
         x = _opmath(p)
-        g = _opmath(g_in).to(x.dtype) * mul
-        if weight_decay != 0 and not wd_after_momentum:
-            g = g + weight_decay * x
-        if momentum != 0:
-            buf = g.clone() if first_step and first_step[i] else momentum * _opmath(momentum_buffers[i]) + (1 - dampening) * g
-            momentum_buffers[i].copy_(buf)
-            g = g + momentum * buf if nesterov else buf
-        if weight_decay != 0 and wd_after_momentum:
-            g = g + weight_decay * x
-        p.copy_(x - lr * g)
+        p.copy_(x - weight_decay * x)
+        where = torch.unravel_index(index, p.shape)  # in place, also for a non-contiguous param
+        p[where] = (_opmath(p[where]) - _opmath(memory[where])).to(p.dtype)
+        memory[where] = 0
 
 
 def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
@@ -74,3 +157,76 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
             max_exp_avg_sqs[i].copy_(v)
         denom = v.sqrt() / math.sqrt(bc2) + eps
         p.copy_(x - (lr / bc1) * m / denom)
+
+
+def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, beta1, beta2, beta3, eps,
+          weight_decay, decoupled, trust_ratio, trust_clip) -> None:
+    """LAMB (see csrc/cpu/lamb.cpp): ``per_tensor(step) -> (c1, c2, lr)``. The trust ratio's ||u||
+    is taken from the new moments in the math type, the update from the moments as stored (the
+    kernel's two passes)."""
+    for i, (p, g_in) in enumerate(zip(params, grads)):
+        steps[i].add_(1)
+        c1, c2, lr = per_tensor(float(steps[i].item()))
+        x = _opmath(p)
+        g = _opmath(g_in).to(x.dtype) * grad_mul
+        if weight_decay != 0 and not decoupled:
+            g = g + weight_decay * x
+
+        def update(m, v):
+            u = (m * c1) / (v.sqrt() * c2 + eps)
+            return u + weight_decay * x if weight_decay != 0 and decoupled else u
+
+        m = beta1 * _opmath(exp_avgs[i]) + beta3 * g
+        v = beta2 * _opmath(exp_avg_sqs[i]) + (1 - beta2) * g * g
+        exp_avgs[i].copy_(m)
+        exp_avg_sqs[i].copy_(v)
+        if trust_ratio:
+            pn, un = _norm(x), _norm(update(m, v))
+            r = pn / un if pn > 0 and un > 0 else 1.0
+            lr *= min(r, 1.0) if trust_clip else r
+            m, v = _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
+        p.copy_(x - lr * update(m, v))
+
+
+def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, bias_correction,
+          grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None,
+          grad_scale=None, found_inf=None) -> None:
+    if _skip(found_inf):
+        return
+    inv = _grad_multiplier(grad_scale, False)
+    clip = 1.0
+    if max_grad_norm > 0 and global_grad_norm is not None:
+        norm = float(global_grad_norm.item()) * inv
+        clip = norm / max_grad_norm if norm > max_grad_norm else 1.0
+
+    def per_tensor(step):
+        if not bias_correction:
+            return 1.0, 1.0, lr
+        return 1 / (1 - beta1**step), 1 / math.sqrt(1 - beta2**step), lr
+
+    _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=inv / clip, beta1=beta1, beta2=beta2,
+          beta3=1 - beta1 if grad_averaging else 1.0, eps=eps, weight_decay=weight_decay, decoupled=adam_w_mode,
+          trust_ratio=use_nvlamb or weight_decay != 0, trust_clip=trust_clip)
+
+
+def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, adam,
+                   bias_correction, grad_scale=None, found_inf=None) -> None:
+    if _skip(found_inf):
+        return
+
+    def per_tensor(step):
+        return 1.0, 1.0, lr * math.sqrt(1 - beta2**step) / (1 - beta1**step) if bias_correction else lr
+
+    _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=_grad_multiplier(grad_scale, False),
+          beta1=beta1, beta2=beta2, beta3=1 - beta1, eps=eps, weight_decay=weight_decay, decoupled=True,
+          trust_ratio=not adam, trust_clip=False)
+
+
+def l2norm(tensors) -> tuple[Tensor, Tensor]:
+    """(global norm, per-tensor norms), float32 (float64 when any input is float64)."""
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    device = tensors[0].device if tensors else torch.device("cpu")
+    per_tensor = torch.zeros(len(tensors), dtype=torch.float64, device=device)
+    for i, t in enumerate(tensors):
+        per_tensor[i] = torch.linalg.vector_norm(t, dtype=torch.float64)
+    return torch.linalg.vector_norm(per_tensor).to(dtype), per_tensor.to(dtype)

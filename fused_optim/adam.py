@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
+from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative
+
+
+def init_moments(p, state: dict) -> None:
+    """Adam's state in torch.optim's layout (also LAMB's): ``step``, a 0-dim float32 counter
+    (float64 under a float64 default dtype), and zero ``exp_avg`` / ``exp_avg_sq``."""
+    if "step" not in state:
+        step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        state["step"] = torch.tensor(0.0, dtype=step_dtype)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
 
 
 class FusedAdam(FusedOptimizer):
@@ -60,21 +70,13 @@ class FusedAdam(FusedOptimizer):
         check_lr(group["lr"])
         check_nonnegative("epsilon", group["eps"])
         check_nonnegative("weight_decay", group["weight_decay"])
-        betas = group["betas"]
-        check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
-        for i, beta in enumerate(betas):
-            check_range(f"beta parameter at index {i}", beta, 0.0 <= beta < 1.0, "betas must be in [0, 1)")
+        check_betas(group["betas"])
 
     def _layout(self, group: dict) -> tuple:
         return (group["amsgrad"],)
 
     def _init_state(self, p, state, group) -> None:
-        if "step" not in state:
-            # torch.optim's layout: a 0-dim float32 counter (float64 under a float64 default dtype)
-            step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-            state["step"] = torch.tensor(0.0, dtype=step_dtype)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        init_moments(p, state)
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
 

@@ -9,7 +9,8 @@ An algorithm subclass declares data and small hooks:
   ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
   i.e. this is its first step);
 * ``_scalars(group)``: the op's keyword scalars;
-* ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off).
+* ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off);
+* ``_prepare_step()``: work across all groups after the closure ran (LAMB's global grad norm).
 
 The base class validates, initializes state lazily, buckets each group's params by (device,
 dtype, kernel eligibility), caches the tensor lists (rebuilt only when the group's params, the set
@@ -61,6 +62,12 @@ def check_lr(lr: Any) -> None:
 
 def check_nonnegative(name: str, value: Any) -> None:
     check_range(f"{name} value", value, isinstance(value, (int, float)) and value >= 0.0, f"{name} must be >= 0")
+
+
+def check_betas(betas: Any) -> None:
+    check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
+    for i, beta in enumerate(betas):
+        check_range(f"beta parameter at index {i}", beta, 0.0 <= beta < 1.0, "betas must be in [0, 1)")
 
 
 @dataclass
@@ -147,6 +154,9 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _layout(self, group: dict) -> tuple:
         return ()
 
+    def _prepare_step(self) -> None:
+        pass
+
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
@@ -187,6 +197,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         grad_scale, found_inf = self._amp_args()
+        self._prepare_step()
         amp = dict(grad_scale=grad_scale, found_inf=found_inf)
         used = set()
         for gi, group in enumerate(self.param_groups):

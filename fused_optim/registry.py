@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .adam import FusedAdam
+from .lamb import FusedLAMB, Lamb
+from .lars import LARS, Lars
 from .sgd import FusedSGD
+from .sign_sgd import SignSGD
+from .sparsified_sgd import SparsifiedSGD
 
 
 @dataclass(frozen=True)
@@ -54,5 +58,14 @@ for _spec in (
     OptimizerSpec("adam", FusedAdam, {"adam_w_mode": False}, "torch.optim.Adam (L2 weight decay)"),
     OptimizerSpec("adamw", FusedAdam, {"adam_w_mode": True}, "torch.optim.AdamW (decoupled weight decay)"),
     OptimizerSpec("fused_adam", FusedAdam, {}, "apex/ColossalAI FusedAdam (AdamW by default)"),
+    OptimizerSpec("lamb", FusedLAMB, {}, "LAMB as apex/ColossalAI FusedLAMB and timm Lamb"),
+    OptimizerSpec("fused_lamb", FusedLAMB, {}, "apex/ColossalAI FusedLAMB"),
+    OptimizerSpec("nvlamb", FusedLAMB, {"use_nvlamb": True}, "LAMB with the trust ratio on every tensor"),
+    OptimizerSpec("colossalai_lamb", Lamb, {}, "ColossalAI's non-fused Lamb (pytorch-lamb algorithm)"),
+    OptimizerSpec("lars", LARS, {}, "LARS as quadra (timm Lars options: trust_clip, always_adapt)"),
+    OptimizerSpec("larc", LARS, {"trust_clip": True}, "LARS with LARC clipping of the trust ratio"),
+    OptimizerSpec("colossalai_lars", Lars, {}, "ColossalAI's Lars (trust ratio on the lr, clamped)"),
+    OptimizerSpec("sign_sgd", SignSGD, {}, "mlbench SignSGD (momentum before the sign)"),
+    OptimizerSpec("sparsified_sgd", SparsifiedSGD, {}, "mlbench SparsifiedSGD (error feedback, k coordinates)"),
 ):
     register(_spec)

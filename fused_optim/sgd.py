@@ -7,7 +7,37 @@ import torch
 from .optimizer import FusedOptimizer, check_lr, check_nonnegative
 
 
-class FusedSGD(FusedOptimizer):
+class MomentumOptimizer(FusedOptimizer):
+    """Base of the SGD family (SGD, SignSGD, LARS, Lars): torch.optim.SGD's ``momentum_buffer``
+    state and first-step flags, and validation of lr, momentum, dampening, weight decay and
+    nesterov (the keys a group has)."""
+
+    def _validate(self, group: dict) -> None:
+        check_lr(group["lr"])
+        for name in ("momentum", "dampening", "weight_decay"):
+            if name in group:
+                check_nonnegative(name, group[name])
+        if group.get("nesterov") and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError(
+                f"Invalid nesterov value: True with momentum={group['momentum']}, dampening={group['dampening']} "
+                "(Nesterov momentum requires momentum > 0 and dampening = 0)"
+            )
+
+    def _layout(self, group: dict) -> tuple:
+        return (group["momentum"] != 0,)
+
+    def _init_state(self, p, state, group) -> None:
+        if group["momentum"] != 0 and "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
+
+    def _state_lists(self, group, params, states, fresh) -> tuple:
+        if group["momentum"] == 0:
+            return ([],), ([],)
+        # first_step may be empty when no param is on its first step (one list less to pass).
+        return ([st["momentum_buffer"] for st in states],), (fresh if any(fresh) else [],)
+
+
+class FusedSGD(MomentumOptimizer):
     r"""Stochastic gradient descent with momentum, fused over all tensors of a param group.
 
     Update rule, per parameter p with gradient g (λ weight_decay, μ momentum, d dampening, η lr)::
@@ -50,29 +80,6 @@ class FusedSGD(FusedOptimizer):
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize,
                         materialize_master_grads=materialize_master_grads)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
-
-    def _validate(self, group: dict) -> None:
-        check_lr(group["lr"])
-        for name in ("momentum", "dampening", "weight_decay"):
-            check_nonnegative(name, group[name])
-        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-            raise ValueError(
-                f"Invalid nesterov value: True with momentum={group['momentum']}, dampening={group['dampening']} "
-                "(Nesterov momentum requires momentum > 0 and dampening = 0)"
-            )
-
-    def _layout(self, group: dict) -> tuple:
-        return (group["momentum"] != 0,)
-
-    def _init_state(self, p, state, group) -> None:
-        if group["momentum"] != 0 and "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
-
-    def _state_lists(self, group, params, states, fresh) -> tuple:
-        if group["momentum"] == 0:
-            return ([],), ([],)
-        # first_step may be empty when no param is on its first step (one list less to pass).
-        return ([st["momentum_buffer"] for st in states],), (fresh if any(fresh) else [],)
 
     def _scalars(self, group: dict) -> dict:
         return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],

@@ -50,6 +50,32 @@ def _adam_cases() -> list[Case]:
     return cases
 
 
+def _layerwise_cases() -> list[Case]:
+    """The layer-wise, sign and sparsified optimizers, each checked against our own reference implementation
+    (fused=False; the published references are replayed from golden files in test_golden.py)."""
+    fo = fused_optim
+    table = [
+        ("lamb-default", fo.FusedLAMB, dict(lr=0.01)),
+        ("lamb-l2-noclip-nobc-noavg", fo.FusedLAMB, dict(lr=0.01, adam_w_mode=False, max_grad_norm=None,
+                                                         bias_correction=False, grad_averaging=False)),
+        ("lamb-clip-nvlamb-trustclip", fo.FusedLAMB, dict(lr=0.01, weight_decay=0.0, max_grad_norm=0.5,
+                                                          use_nvlamb=True, trust_clip=True)),
+        ("colossalai-lamb-bc", fo.Lamb, dict(lr=0.01, weight_decay=0.1, bias_correction=True)),
+        ("colossalai-lamb-adam", fo.Lamb, dict(lr=0.01, adam=True)),
+        ("lars-m-wd", fo.LARS, dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
+        ("lars-damp-wd", fo.LARS, dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=1e-2)),
+        ("lars-nesterov-clip-adapt", fo.LARS, dict(lr=0.1, momentum=0.9, nesterov=True, trust_clip=True,
+                                                   always_adapt=True)),
+        ("colossalai-lars-m", fo.Lars, dict(lr=0.1, momentum=0.9, weight_decay=1e-3)),
+        ("colossalai-lars-nomomentum", fo.Lars, dict(lr=0.1, weight_decay=1e-3, epsilon=1e-9)),
+        ("sign-sgd-m-wd", fo.SignSGD, dict(lr=0.01, momentum=0.9, weight_decay=1e-2)),
+        ("sign-sgd-nesterov", fo.SignSGD, dict(lr=0.01, momentum=0.9, nesterov=True)),
+        ("sparsified-sgd-block", fo.SparsifiedSGD, dict(lr=0.1, weight_decay=0.01, sparse_grad_size=5, seed=3)),
+        ("sparsified-sgd-random", fo.SparsifiedSGD, dict(lr=0.1, sparse_grad_size=7, random_sparse=True, seed=3)),
+    ]
+    return [Case(cid, cls, kw, cls, {**kw, "fused": False}) for cid, cls, kw in table]
+
+
 SGD_CASES = _sgd_cases()
 ADAM_CASES = _adam_cases()
 ALL_CASES = SGD_CASES + ADAM_CASES
@@ -58,6 +84,12 @@ STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
     "sgd-m0.9-d0.3-nest0-wd0.05-max0", "sgd-m0.9-d0.0-nest1-wd0.05-max0",
     "adam-ams1-wd0.1-max0", "adamw-ams0-wd0.1-max1", "adamw-ams1-wd0.1-max0",
 )]
+
+
+LAYERWISE_CASES = _layerwise_cases()
+# Every algorithm's state, for tests that need no torch.optim counterpart (make_torch is then our
+# reference implementation).
+STATEFUL_AND_LAYERWISE = STATEFUL_CASES + LAYERWISE_CASES
 
 
 # Reduced precision. torch 2.13's fused CPU SGD is wrong in fp16/bf16 (on the 4097-element tensor
@@ -88,4 +120,16 @@ ERROR_CASES = [
     (fused_optim.FusedAdam, dict(eps=-1e-8), r"Invalid epsilon value"),
     (fused_optim.FusedAdam, dict(weight_decay=-0.1), r"Invalid weight_decay value"),
     (fused_optim.FusedAdam, dict(adam_w_mode=True, decoupled_weight_decay=False), r"decoupled_weight_decay.*contradicts"),
+    (fused_optim.FusedLAMB, dict(max_grad_norm=-1.0), r"Invalid max_grad_norm: -1\.0"),
+    (fused_optim.FusedLAMB, dict(amsgrad=True), r"Invalid amsgrad value.*no AMSGrad"),
+    (fused_optim.FusedLAMB, dict(betas=(0.9, 1.5)), r"Invalid beta parameter at index 1"),
+    (fused_optim.FusedLAMB, dict(lr=-1.0), r"Invalid learning rate"),
+    (fused_optim.Lamb, dict(eps=-1.0), r"Invalid epsilon value"),
+    (fused_optim.LARS, dict(lr=0.1, trust_coefficient=-1.0), r"Invalid trust_coefficient value"),
+    (fused_optim.LARS, dict(lr=0.1, nesterov=True), r"Invalid nesterov.*momentum > 0"),
+    (fused_optim.LARS, dict(lr=0.1, eps=-1.0), r"Invalid epsilon value"),
+    (fused_optim.Lars, dict(eeta=-1.0), r"Invalid eeta value"),
+    (fused_optim.Lars, dict(momentum=-0.9), r"Invalid momentum value"),
+    (fused_optim.SignSGD, dict(lr=0.1, momentum=0.9, dampening=0.5, nesterov=True), r"Invalid nesterov.*dampening = 0"),
+    (fused_optim.SignSGD, dict(lr=-0.1), r"Invalid learning rate"),
 ]

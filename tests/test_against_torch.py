@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import fused_optim
-from cases import (ADAM_LOW_PRECISION_CASES, ALL_CASES, SGD_CASES, SGD_LOW_PRECISION_CASES, STATEFUL_CASES,
-                   ids)
+from cases import (ADAM_LOW_PRECISION_CASES, ALL_CASES, SGD_CASES, SGD_LOW_PRECISION_CASES, STATEFUL_AND_LAYERWISE,
+                   STATEFUL_CASES, ids)
 from utils import assert_rel_close, assert_state_close, clone_groups, make_groups, set_grads, twin_groups
 
 
@@ -82,7 +82,7 @@ def test_wd_after_momentum_follows_the_documented_rule(fused, nesterov):
         assert_rel_close(opt.state[p]["momentum_buffer"], buf, 1e-12, "momentum_buffer")
 
 
-@pytest.mark.parametrize("case", SGD_CASES[:1] + STATEFUL_CASES, ids=ids(SGD_CASES[:1] + STATEFUL_CASES))
+@pytest.mark.parametrize("case", SGD_CASES[:1] + STATEFUL_AND_LAYERWISE, ids=ids(SGD_CASES[:1] + STATEFUL_AND_LAYERWISE))
 def test_never_mutates_grads(case):
     groups = clone_groups(make_groups(), case.ours_kw["lr"])
     opt = case.make_ours(groups, fused=True)
@@ -109,7 +109,7 @@ def test_thread_count_does_not_change_results():
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
-@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE, ids=ids(STATEFUL_AND_LAYERWISE))
 def test_grads_that_come_and_go_match_torch(case):
     """The cached plans must follow the set of params with grads, both ways, every step."""
     gen = torch.Generator().manual_seed(5)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fused_optim
-from cases import STATEFUL_CASES, ids
+from cases import STATEFUL_AND_LAYERWISE, ids
 from utils import clone_groups, make_groups, params_of, set_grads, twin_groups
 
 
@@ -25,7 +25,7 @@ def assert_unchanged(opt, snap):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
-@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE, ids=ids(STATEFUL_AND_LAYERWISE))
 def test_found_inf_changes_nothing(case, fused):
     groups = clone_groups(make_groups(), case.ours_kw["lr"])
     other = clone_groups(make_groups())
@@ -48,7 +48,7 @@ def test_found_inf_changes_nothing(case, fused):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
-@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE, ids=ids(STATEFUL_AND_LAYERWISE))
 def test_grad_scale_is_divided_out_inside_the_step(case, fused):
     ga, gb = twin_groups(case)
     scaled, plain = case.make_ours(ga, fused=fused), case.make_ours(gb, fused=fused)
@@ -85,7 +85,7 @@ def _train(make_opt, dtype, steps=8, overflow_at=4):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE, ids=ids(STATEFUL_AND_LAYERWISE))
 def test_grad_scaler_end_to_end_matches_torch(case, dtype):
     """GradScaler with autocast on CPU, one overflow step: same params, same scale history, and
     the overflow step skipped by both (step counters agree with torch's)."""

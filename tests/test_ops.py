@@ -8,24 +8,54 @@ import fused_optim
 SCALARS = {
     "sgd_": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False, maximize=False,
                  wd_after_momentum=False),
+    "sign_sgd_": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
+    "lars_": dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True, trust_coefficient=0.01,
+                  eps=1e-8, trust_clip=True, always_adapt=False),
+    "colossal_lars_": dict(lr=0.1, momentum=0.9, eeta=0.01, weight_decay=0.01, epsilon=0.0, lars=True),
     "adam_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=True, decoupled=True,
                   maximize=False, bias_correction=True),
+    "lamb_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, bias_correction=True,
+                  grad_averaging=True, adam_w_mode=True, max_grad_norm=1.0, use_nvlamb=False, trust_clip=False),
+    "colossal_lamb_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False,
+                           bias_correction=True),
+    "sparsified_sgd_": dict(lr=0.1, weight_decay=0.01, sparse_grad_size=5, random_sparse=True),
 }
+MOMENTUM_OPS = ("sgd_", "sign_sgd_", "lars_", "colossal_lars_")  # state: momentum buffers + first-step flags
+MOMENT_LISTS = {"adam_": 3, "lamb_": 2, "colossal_lamb_": 2}  # state: moment lists + step counters
 
 
 def sample_args(op: str, dtype, amp: bool):
+    """(params, grads, state lists..., per-step lists...), kwargs: split as the bucket twin wants
+    them by ``state_and_per_step``."""
     sizes = (1, 33, 4097)
     params = [torch.randn(n, dtype=dtype) for n in sizes]
     grads = [torch.randn(n, dtype=dtype) for n in sizes]
-    if op == "sgd_":
+    if op in MOMENTUM_OPS:
         lists = ([torch.randn(n, dtype=dtype) for n in sizes], [True, False, False])
+    elif op == "sparsified_sgd_":
+        lists = ([torch.randn(n, dtype=dtype) for n in sizes],)  # error-feedback memories
     else:
-        lists = tuple([torch.rand(n, dtype=dtype) for n in sizes] for _ in range(3)) + (
+        lists = tuple([torch.rand(n, dtype=dtype) for n in sizes] for _ in range(MOMENT_LISTS[op])) + (
             [torch.tensor(float(k)) for k in range(3)],)
     kwargs = dict(SCALARS[op])
+    if op == "lamb_":
+        kwargs["global_grad_norm"] = torch.tensor(30.0)  # > max_grad_norm: clips
+    if op == "sparsified_sgd_":
+        kwargs["generator"] = torch.Generator().manual_seed(0)
     if amp:
         kwargs.update(grad_scale=torch.tensor(8.0), found_inf=torch.tensor(0.0))
     return (params, grads, *lists), kwargs
+
+
+def same_draws(kwargs: dict) -> dict:
+    """The kwargs with any generator replaced by a new one in its initial state (a second call
+    of a random op then draws what the first drew)."""
+    return {k: torch.Generator().manual_seed(v.initial_seed()) if isinstance(v, torch.Generator) else v
+            for k, v in kwargs.items()}
+
+
+def state_and_per_step(op: str, rest):
+    return (rest[:1], rest[1:]) if op in MOMENTUM_OPS else (rest, [])
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
@@ -44,7 +74,7 @@ def test_kernel_equals_reference_on_the_op_level(op):
     clone = lambda xs: [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]  # noqa: E731
     ref_args = tuple(clone(a) for a in args)
     getattr(torch.ops.fused_optim, op)(*args, **kwargs)
-    getattr(_reference, op)(*ref_args, **kwargs)
+    getattr(_reference, op)(*ref_args, **same_draws(kwargs))
     for a, b in zip(args, ref_args):
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):
@@ -78,8 +108,7 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
     args, kwargs = sample_args(op, torch.float32, amp=True)
     twin_args = tuple([x.clone() if isinstance(x, torch.Tensor) else x for x in a] for a in args)
     params, grads, *rest = twin_args
-    state = rest if op == "adam_" else rest[:1]
-    per_step = [] if op == "adam_" else rest[1:]
+    state, per_step = state_and_per_step(op, rest)
     lists = [params, *state]
     twin = getattr(torch.ops.fused_optim, op + "bucket")
     bucket = torch.ops.fused_optim.bucket_new([t for lst in lists for t in lst], [len(lst) for lst in lists])
@@ -92,7 +121,7 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
         assert twin(bucket, *per_step, **kwargs) == 0
     finally:
         torch.ops.fused_optim.bucket_free(bucket)
-    getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    getattr(torch.ops.fused_optim, op)(*args, **same_draws(kwargs))
     for a, b in zip(args, twin_args):
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):

@@ -22,6 +22,22 @@ def test_names_create_the_right_variant():
     assert isinstance(sgd, fused_optim.FusedSGD) and sgd.defaults["momentum"] == 0.9
 
 
+@pytest.mark.parametrize("name, cls, expected", [
+    ("lamb", "FusedLAMB", {"use_nvlamb": False, "max_grad_norm": 1.0}),
+    ("nvlamb", "FusedLAMB", {"use_nvlamb": True}),
+    ("colossalai_lamb", "Lamb", {"adam": False}),
+    ("lars", "LARS", {"trust_clip": False}),
+    ("larc", "LARS", {"trust_clip": True}),
+    ("colossalai_lars", "Lars", {"lars": True, "eeta": 1e-3}),
+    ("sign_sgd", "SignSGD", {"momentum": 0.0}),
+    ("sparsified_sgd", "SparsifiedSGD", {"sparse_grad_size": 10}),
+])
+def test_layerwise_names(name, cls, expected):
+    opt = create_optimizer(name, [torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert type(opt) is getattr(fused_optim, cls)
+    assert {k: opt.defaults[k] for k in expected} == expected
+
+
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"Unknown optimizer name 'adamx'; available: adam, adamw"):
         create_optimizer("adamx", [torch.nn.Parameter(torch.zeros(1))])

@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from cases import STATEFUL_CASES, ids
+from cases import STATEFUL_AND_LAYERWISE, STATEFUL_CASES, ids
 from utils import assert_state_close, clone_groups, make_groups, params_of, set_grads, twin_groups
 
 
@@ -55,7 +55,7 @@ def test_torch_state_dict_continues_in_ours(case):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
-@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE, ids=ids(STATEFUL_AND_LAYERWISE))
 def test_save_and_reload_mid_run_continues_identically(case, fused):
     ga, gb = twin_groups(case)
     a = case.make_ours(ga, fused=fused)

@@ -148,29 +148,88 @@ inline void for_each_block(int64_t begin, int64_t end, const Body& body, Ptr... 
 }
 
 // ---------------------------------------------------------------------------------------------
-// The launcher: fn(tensor_index, begin, end) is called for kChunk-sized pieces covering all
-// elements of all tensors, inside a single parallel region (or inline for small buckets).
-template <typename F>
-inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) {
-  struct Item {
-    int64_t tensor, begin, end;
-  };
-  std::vector<Item> items;
-  int64_t total = 0;
+// Work items: kChunk-sized pieces covering all elements of all tensors, in tensor order.
+struct WorkItem {
+  int64_t tensor, begin, end;
+};
+
+inline std::vector<WorkItem> work_items(const std::vector<int64_t>& numels, int64_t& total) {
+  std::vector<WorkItem> items;
+  total = 0;
   for (int64_t t = 0; t < static_cast<int64_t>(numels.size()); ++t) {
     for (int64_t b = 0; b < numels[t]; b += kChunk) {
       items.push_back({t, b, std::min(b + kChunk, numels[t])});
     }
     total += numels[t];
   }
+  return items;
+}
+
+// fn(k) for every item index k, inside a single parallel region (or inline for small buckets).
+template <typename F>
+inline void run_items(const std::vector<WorkItem>& items, int64_t total, const F& fn) {
   auto run = [&](int64_t lo, int64_t hi) {
-    for (int64_t k = lo; k < hi; ++k) fn(items[k].tensor, items[k].begin, items[k].end);
+    for (int64_t k = lo; k < hi; ++k) fn(k);
   };
   if (total < kSerialBelow || items.size() < 2) {
     run(0, static_cast<int64_t>(items.size()));
   } else {
     at::parallel_for(0, static_cast<int64_t>(items.size()), 1, run);
   }
+}
+
+// The launcher: fn(tensor_index, begin, end) is called for every work item.
+template <typename F>
+inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) {
+  int64_t total = 0;
+  const auto items = work_items(numels, total);
+  run_items(items, total, [&](int64_t k) { fn(items[k].tensor, items[k].begin, items[k].end); });
+}
+
+// Per-tensor sums of K quantities: fn(tensor_index, begin, end) returns an item's K partial sums;
+// they are added per tensor in item order after the parallel region, so the result does not
+// depend on the number of threads.
+template <size_t K, typename F>
+inline std::vector<std::array<double, K>> multi_tensor_sums(const std::vector<int64_t>& numels, const F& fn) {
+  int64_t total = 0;
+  const auto items = work_items(numels, total);
+  std::vector<std::array<double, K>> partial(items.size());
+  run_items(items, total, [&](int64_t k) { partial[k] = fn(items[k].tensor, items[k].begin, items[k].end); });
+  std::vector<std::array<double, K>> sums(numels.size());
+  for (auto& s : sums) s.fill(0.0);
+  for (size_t k = 0; k < items.size(); ++k) {
+    for (size_t j = 0; j < K; ++j) sums[items[k].tensor][j] += partial[k][j];
+  }
+  return sums;
+}
+
+// The lanes of a vector added in lane order, in double.
+template <typename V>
+inline double lane_sum(const V& v) {
+  using M = typename V::value_type;
+  std::array<M, V::size()> lanes;
+  v.store(lanes.data());
+  double sum = 0.0;
+  for (const M x : lanes) sum += static_cast<double>(x);
+  return sum;
+}
+
+// Sum of squares of each stream over [begin, end), accumulated in the math type.
+template <typename T, typename... Ptr>
+inline std::array<double, sizeof...(Ptr)> sums_of_squares(int64_t begin, int64_t end, Ptr... streams) {
+  constexpr size_t N = sizeof...(Ptr);
+  std::array<FVec<T>, N> acc;
+  acc.fill(FVec<T>(0));
+  for_each_block<T>(
+      begin, end,
+      [&](auto&... v) {
+        size_t j = 0;
+        ((acc[j] = at::vec::fmadd(v, v, acc[j]), ++j), ...);
+      },
+      streams...);
+  std::array<double, N> out;
+  for (size_t j = 0; j < N; ++j) out[j] = lane_sum(acc[j]);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -239,6 +298,12 @@ inline AmpArgs read_amp(const std::optional<at::Tensor>& grad_scale, const std::
 template <typename T>
 inline T* ptr(const at::Tensor& t) {
   return static_cast<T*>(t.data_ptr());
+}
+
+// A read-only stream (for_each_block never writes it back).
+template <typename T>
+inline const T* cptr(const at::Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
 }
 
 // Float step counters (torch.optim's layout: 0-dim float32, or float64 under a float64 default),

@@ -1,85 +1,151 @@
-// fused_optim::sgd_ on the CPU: torch.optim.SGD's update over a whole bucket in one parallel
-// region. Math (per element, in opmath; see fused_optim/sgd.py for the documented rule):
-//   g <- ±g / grad_scale ; g <- g + wd*p (unless wd_after_momentum)
-//   buf <- g (first step) | momentum*buf + (1-dampening)*g ; g <- g + momentum*buf (nesterov) | buf
-//   g <- g + wd*p (wd_after_momentum) ; p <- p - lr*g
+// The SGD family kernel (see sgd_family.h) and the ops that are nothing but it:
+//   sgd_      torch.optim.SGD (fused_optim/sgd.py)
+//   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "sgd_family.h"
 
 #include <torch/library.h>
 
 namespace fused_optim {
 namespace {
 
-template <typename T>
+template <typename T, Direction D>
 struct SgdMath {
   using V = FVec<T>;
-  V grad_mul, wd, momentum, one_minus_damp, neg_lr;
-  bool has_wd, wd_after, has_momentum, nesterov, first;
+  V grad_mul, wd, momentum, one_minus_damp, neg_lr, bound;
+  bool has_wd, wd_after, nesterov, first;
+
+  static V step_of(const V& d) {
+    if constexpr (D == Direction::kSign) {
+      const V zero(0);
+      const V sign = d.gt(zero) - d.lt(zero);
+      return V::blendv(sign, d, d != d);  // NaN stays NaN, as torch.sign
+    } else {
+      return d;
+    }
+  }
+
+  V decayed(const V& p, const V& g) const {
+    V d = g * grad_mul;
+    if (has_wd && !wd_after) d = at::vec::fmadd(wd, p, d);
+    if constexpr (D == Direction::kClamp) d = at::vec::clamp(d, V(0) - bound, bound);
+    return d;
+  }
 
   void apply(V& p, V& g) const {
-    g = g * grad_mul;
-    if (has_wd) g = at::vec::fmadd(wd, p, g);  // without momentum, before == after
-    p = at::vec::fmadd(neg_lr, g, p);
+    V d = decayed(p, g);
+    if (has_wd && wd_after) d = at::vec::fmadd(wd, p, d);
+    p = at::vec::fmadd(neg_lr, step_of(d), p);
   }
 
   void apply(V& p, V& g, V& buf) const {
-    g = g * grad_mul;
-    if (has_wd && !wd_after) g = at::vec::fmadd(wd, p, g);
-    buf = first ? g : at::vec::fmadd(momentum, buf, one_minus_damp * g);
-    g = nesterov ? at::vec::fmadd(momentum, buf, g) : buf;
-    if (has_wd && wd_after) g = at::vec::fmadd(wd, p, g);
-    p = at::vec::fmadd(neg_lr, g, p);
+    V d = decayed(p, g);
+    buf = first ? d : at::vec::fmadd(momentum, buf, one_minus_damp * d);
+    d = nesterov ? at::vec::fmadd(momentum, buf, d) : buf;
+    if (has_wd && wd_after) d = at::vec::fmadd(wd, p, d);
+    p = at::vec::fmadd(neg_lr, step_of(d), p);
   }
 };
 
-void sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList momentum_buffers,
-             const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-             double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
-             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  const AmpArgs amp = read_amp(grad_scale, found_inf);
-  if (amp.skip || params.empty()) return;
-  check_mutable("sgd_", "params", params, params);
-  const auto grads = checked_grads("sgd_", params, grads_in);
-  const bool has_momentum = momentum != 0.0;
-  if (has_momentum) {
-    check_mutable("sgd_", "momentum_buffers", params, momentum_buffers);
-    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(),
-                "fused_optim::sgd_: first_step needs one flag per param (or none: no first steps)");
-  } else {
-    TORCH_CHECK(momentum_buffers.empty(), "fused_optim::sgd_: momentum_buffers must be empty when momentum == 0");
-  }
+template <typename T, Direction D>
+void sgd_family_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
+                      const c10::List<bool>& first_step, const SgdFamily& a) {
+  using M = opmath_t<T>;
+  using V = FVec<T>;
+  const bool has_momentum = a.momentum != 0.0;
   std::vector<int64_t> numels;
   numels.reserve(params.size());
   for (const auto& p : params) numels.push_back(p.numel());
-
-  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_", [&] {
-    using M = opmath_t<scalar_t>;
-    SgdMath<scalar_t> base{
-        FVec<scalar_t>(static_cast<M>(maximize ? -amp.inv_scale : amp.inv_scale)),
-        FVec<scalar_t>(static_cast<M>(weight_decay)),
-        FVec<scalar_t>(static_cast<M>(momentum)),
-        FVec<scalar_t>(static_cast<M>(1.0 - dampening)),
-        FVec<scalar_t>(static_cast<M>(-lr)),
-        weight_decay != 0.0, wd_after_momentum, has_momentum, nesterov, false};
-    multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-      scalar_t* p = ptr<scalar_t>(params[t]);
-      const scalar_t* g = ptr<scalar_t>(grads[t]);
-      if (has_momentum) {
-        SgdMath<scalar_t> math = base;
-        math.first = !first_step.empty() && first_step[t];
-        for_each_block<scalar_t>(
-            begin, end, [&](auto& pv, auto& gv, auto& bv) { math.apply(pv, gv, bv); }, p, g,
-            ptr<scalar_t>(momentum_buffers[t]));
-      } else {
-        for_each_block<scalar_t>(begin, end, [&](auto& pv, auto& gv) { base.apply(pv, gv); }, p, g);
-      }
-    });
+  multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+    const SgdMath<T, D> math{V(static_cast<M>(a.grad_mul[t])),
+                             V(static_cast<M>(a.weight_decay[t])),
+                             V(static_cast<M>(a.momentum)),
+                             V(static_cast<M>(1.0 - a.dampening)),
+                             V(static_cast<M>(-a.lr[t])),
+                             V(static_cast<M>(a.clamp)),
+                             a.weight_decay[t] != 0.0,
+                             a.wd_after_momentum,
+                             a.nesterov,
+                             !first_step.empty() && first_step[t]};
+    T* p = ptr<T>(params[t]);
+    const T* g = ptr<T>(grads[t]);
+    if (has_momentum) {
+      for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { math.apply(pv, gv, bv); }, p, g,
+                        ptr<T>(bufs[t]));
+    } else {
+      for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { math.apply(pv, gv); }, p, g);
+    }
   });
 }
 
-// The bucket twin: lists {params, momentum_buffers} registered once (see bucket.h); the grads
-// are read from the params. Returns kMissingGrad, changing nothing, when a param has no grad.
+}  // namespace
+
+std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+                                         at::TensorList momentum_buffers, const c10::List<bool>& first_step,
+                                         double momentum) {
+  check_mutable(op, "params", params, params);
+  auto grads = checked_grads(op, params, grads_in);
+  if (momentum != 0.0) {
+    check_mutable(op, "momentum_buffers", params, momentum_buffers);
+    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
+                ": first_step needs one flag per param (or none: no first steps)");
+  } else {
+    TORCH_CHECK(momentum_buffers.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
+  }
+  return grads;
+}
+
+void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
+                const c10::List<bool>& first_step, const SgdFamily& args) {
+  if (params.empty()) return;
+  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
+    switch (args.direction) {
+      case Direction::kPlain:
+        return sgd_family_typed<scalar_t, Direction::kPlain>(params, grads, bufs, first_step, args);
+      case Direction::kSign:
+        return sgd_family_typed<scalar_t, Direction::kSign>(params, grads, bufs, first_step, args);
+      case Direction::kClamp:
+        return sgd_family_typed<scalar_t, Direction::kClamp>(params, grads, bufs, first_step, args);
+    }
+  });
+}
+
+namespace {
+
+// SGD and SignSGD: the same numbers for every tensor.
+void sgd_like(const char* op, Direction direction, at::TensorList params, at::TensorList grads_in,
+              at::TensorList bufs, const c10::List<bool>& first_step, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, momentum);
+  const size_t n = params.size();
+  SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
+                 std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
+                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr)};
+  sgd_family(params, grads, bufs, first_step, args);
+}
+
+void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+             const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+             double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  sgd_like("sgd_", Direction::kPlain, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+           weight_decay, nesterov, maximize, wd_after_momentum, grad_scale, found_inf);
+}
+
+void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                  const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                  double weight_decay, bool nesterov, const std::optional<at::Tensor>& grad_scale,
+                  const std::optional<at::Tensor>& found_inf) {
+  sgd_like("sign_sgd_", Direction::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+           weight_decay, nesterov, false, false, grad_scale, found_inf);
+}
+
+// The bucket twins: lists {params, momentum_buffers} registered once (see bucket.h); the grads
+// are read from the params. They return kMissingGrad, changing nothing, when a param has no grad.
 int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                    double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -89,15 +155,26 @@ int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr,
   });
 }
 
+int64_t sign_sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum,
+                        double dampening, double weight_decay, bool nesterov,
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("sign_sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+    sign_sgd_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
+                 found_inf);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("sgd_", &sgd_cpu);
+  m.impl("sign_sgd_", &sign_sgd_cpu);
 }
 
-// The twin may take no tensor argument at all: CompositeExplicitAutograd serves it.
+// The twins may take no tensor argument at all: CompositeExplicitAutograd serves them.
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("sgd_bucket", &sgd_bucket);
+  m.impl("sign_sgd_bucket", &sign_sgd_bucket);
 }
 
 }  // namespace fused_optim

@@ -1,0 +1,219 @@
+// LAMB over a whole bucket; step counters incremented here. Per element, in opmath:
+//   g^ <- g * grad_mul          (grad_mul = 1/(grad_scale*clip), clip from the global grad norm)
+//   g^ <- g^ + wd*p              (L2 mode, adam_w_mode=False)
+//   m <- beta1*m + beta3*g^ ; v <- beta2*v + (1-beta2)*g^^2
+//   u <- (m*c1[t]) / (sqrt(v)*c2[t] + eps) (+ wd*p in decoupled mode)
+//   r[t] <- ||p||/||u|| (1 if a norm is 0; min(r, 1) with trust_clip) when the trust ratio is on
+//   p <- p - lr[t]*r[t]*u
+// With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
+// order, see multi_tensor_sums); pass 2 recomputes u from the stored m, v and the untouched p and
+// updates p. So no host sync per tensor and no scratch buffer: the data is read twice.
+//   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
+//   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
+// (fused_optim/lamb.py documents both).
+#include "bucket.h"
+#include "multi_tensor.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fused_optim {
+namespace {
+
+struct Lamb {
+  double grad_mul = 1.0, beta1, beta2, beta3, eps, weight_decay;
+  bool decoupled, trust_ratio, trust_clip;
+  std::vector<double> c1, c2, lr, new_step;  // per tensor
+};
+
+template <typename T>
+struct LambMath {
+  using V = FVec<T>;
+  V grad_mul, wd, b1, b3, b2, one_minus_b2, eps, c1, c2;
+  bool has_wd, decoupled;
+
+  void moments(const V& p, const V& g, V& m, V& v) const {
+    V gh = g * grad_mul;
+    if (has_wd && !decoupled) gh = at::vec::fmadd(wd, p, gh);
+    m = at::vec::fmadd(b1, m, b3 * gh);
+    v = at::vec::fmadd(b2, v, one_minus_b2 * gh * gh);
+  }
+
+  V update(const V& p, const V& m, const V& v) const {
+    V u = (m * c1) / at::vec::fmadd(v.sqrt(), c2, eps);
+    if (has_wd && decoupled) u = at::vec::fmadd(wd, p, u);
+    return u;
+  }
+};
+
+template <typename T>
+void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList exp_avgs,
+                at::TensorList exp_avg_sqs, const Lamb& a) {
+  using M = opmath_t<T>;
+  using V = FVec<T>;
+  const size_t n = params.size();
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  auto math_of = [&](size_t t) {
+    return LambMath<T>{V(static_cast<M>(a.grad_mul)), V(static_cast<M>(a.weight_decay)), V(static_cast<M>(a.beta1)),
+                       V(static_cast<M>(a.beta3)),    V(static_cast<M>(a.beta2)),        V(static_cast<M>(1.0 - a.beta2)),
+                       V(static_cast<M>(a.eps)),      V(static_cast<M>(a.c1[t])),        V(static_cast<M>(a.c2[t])),
+                       a.weight_decay != 0.0,         a.decoupled};
+  };
+  std::vector<double> neg_lr(n);
+  for (size_t t = 0; t < n; ++t) neg_lr[t] = -a.lr[t];
+  if (!a.trust_ratio) {  // one pass
+    multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+      const auto math = math_of(t);
+      const V step(static_cast<M>(neg_lr[t]));
+      for_each_block<T>(
+          begin, end,
+          [&](auto& p, auto& g, auto& m, auto& v) {
+            math.moments(p, g, m, v);
+            p = at::vec::fmadd(step, math.update(p, m, v), p);
+          },
+          ptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+    });
+    return;
+  }
+  const auto sums = multi_tensor_sums<2>(numels, [&](int64_t t, int64_t begin, int64_t end) {
+    const auto math = math_of(t);
+    V p2(0), u2(0);
+    for_each_block<T>(
+        begin, end,
+        [&](auto& p, auto& g, auto& m, auto& v) {
+          math.moments(p, g, m, v);
+          const V u = math.update(p, m, v);
+          p2 = at::vec::fmadd(p, p, p2);
+          u2 = at::vec::fmadd(u, u, u2);
+        },
+        cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+    return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
+  });
+  for (size_t t = 0; t < n; ++t) {
+    const double pn = std::sqrt(sums[t][0]), un = std::sqrt(sums[t][1]);
+    double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
+    if (a.trust_clip) r = std::min(r, 1.0);
+    neg_lr[t] *= r;
+  }
+  multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+    const auto math = math_of(t);
+    const V step(static_cast<M>(neg_lr[t]));
+    for_each_block<T>(
+        begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
+        ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
+  });
+}
+
+// Checks, the per-tensor step counters, and the update. per_tensor(t, step) fills a.c1/c2/lr[t].
+template <typename PerTensor>
+void run_lamb(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
+              at::TensorList exp_avg_sqs, at::TensorList steps, Lamb& a, const PerTensor& per_tensor) {
+  check_mutable(op, "params", params, params);
+  const auto grads = checked_grads(op, params, grads_in);
+  check_mutable(op, "exp_avgs", params, exp_avgs);
+  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  check_steps(op, params, steps);
+  const size_t n = params.size();
+  a.c1.resize(n);
+  a.c2.resize(n);
+  a.lr.resize(n);
+  a.new_step.resize(n);
+  for (size_t t = 0; t < n; ++t) {
+    a.new_step[t] = read_step(steps[t]) + 1.0;
+    per_tensor(t, a.new_step[t]);
+  }
+  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lamb",
+                                [&] { lamb_typed<scalar_t>(params, grads, exp_avgs, exp_avg_sqs, a); });
+  for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
+}
+
+void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+              bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
+              bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  double clip = 1.0;
+  if (max_grad_norm > 0.0 && global_grad_norm.has_value() && global_grad_norm->defined()) {
+    TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
+    const double norm = global_grad_norm->item<double>() * amp.inv_scale;
+    if (norm > max_grad_norm) clip = norm / max_grad_norm;
+  }
+  Lamb a;
+  a.grad_mul = amp.inv_scale / clip;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.decoupled = adam_w_mode;
+  a.trust_ratio = use_nvlamb || weight_decay != 0.0;
+  a.trust_clip = trust_clip;
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
+    a.c1[t] = bias_correction ? 1.0 / (1.0 - std::pow(beta1, step)) : 1.0;
+    a.c2[t] = bias_correction ? 1.0 / std::sqrt(1.0 - std::pow(beta2, step)) : 1.0;
+    a.lr[t] = lr;
+  });
+}
+
+void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                       at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, bool adam, bool bias_correction,
+                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  Lamb a;
+  a.grad_mul = amp.inv_scale;
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.beta3 = 1.0 - beta1;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.decoupled = true;
+  a.trust_ratio = !adam;
+  a.trust_clip = false;
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
+    a.c1[t] = 1.0;
+    a.c2[t] = 1.0;
+    a.lr[t] = bias_correction ? lr * std::sqrt(1.0 - std::pow(beta2, step)) / (1.0 - std::pow(beta1, step)) : lr;
+  });
+}
+
+// The bucket twins: lists {params, exp_avgs, exp_avg_sqs, steps}; grads read from the params.
+int64_t lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
+                    bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+                    bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("lamb_bucket", bucket, 4, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+    lamb_cpu(l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
+             adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm, grad_scale, found_inf);
+  });
+}
+
+int64_t colossal_lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps,
+                             double weight_decay, bool adam, bool bias_correction,
+                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("colossal_lamb_bucket", bucket, 4,
+                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+                       colossal_lamb_cpu(l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay, adam,
+                                         bias_correction, grad_scale, found_inf);
+                     });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("lamb_", &lamb_cpu);
+  m.impl("colossal_lamb_", &colossal_lamb_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("lamb_bucket", &lamb_bucket);
+  m.impl("colossal_lamb_bucket", &colossal_lamb_bucket);
+}
+
+}  // namespace fused_optim

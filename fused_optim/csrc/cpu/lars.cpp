@@ -1,0 +1,120 @@
+// Layer-wise adaptive SGD: a pass computing every tensor's ||p|| and ||g|| (fixed-order sums, see
+// multi_tensor_sums), per-tensor trust ratios on the host, then the SGD family kernel with
+// per-tensor numbers (sgd_family.h). No host sync per tensor: both passes cover the whole bucket.
+//   lars_          quadra LARS (+ timm's trust_clip / always_adapt), fused_optim/lars.py:
+//                  r = tc*||p||/(||g|| + wd*||p|| + eps) (trust_clip: min(r/lr, 1)) when
+//                  (wd != 0 or always_adapt) and both norms are non-zero: d = (g + wd*p)*r; else d = g
+//   colossal_lars_ ColossalAI Lars, fused_optim/lars.py: r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50)
+//                  (1 if a norm is 0) scales the lr; d = clamp(g + wd*p, -10, 10); plain momentum
+#include "bucket.h"
+#include "multi_tensor.h"
+#include "sgd_family.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace fused_optim {
+namespace {
+
+struct Norms {
+  double param, grad;
+};
+
+// ||p|| and ||g * inv_scale|| of every tensor, in one parallel pass over the bucket.
+std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at::Tensor>& grads, double inv_scale) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  const auto sums = FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lars_norms", [&] {
+    return multi_tensor_sums<2>(numels, [&](int64_t t, int64_t begin, int64_t end) {
+      return sums_of_squares<scalar_t>(begin, end, cptr<scalar_t>(params[t]), cptr<scalar_t>(grads[t]));
+    });
+  });
+  std::vector<Norms> norms;
+  for (const auto& s : sums) norms.push_back({std::sqrt(s[0]), std::sqrt(s[1]) * inv_scale});
+  return norms;
+}
+
+void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs, const c10::List<bool>& first_step,
+              double lr, double momentum, double dampening, double weight_decay, bool nesterov,
+              double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  const auto grads = check_sgd_inputs("lars_", params, grads_in, bufs, first_step, momentum);
+  const size_t n = params.size();
+  SgdFamily args{Direction::kPlain, momentum, dampening, 0.0, nesterov, false,
+                 std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr)};
+  if (weight_decay != 0.0 || always_adapt) {
+    const auto norms = param_grad_norms(params, grads, amp.inv_scale);
+    for (size_t t = 0; t < n; ++t) {
+      const auto [pn, gn] = norms[t];
+      if (pn > 0.0 && gn > 0.0) {
+        double r = trust_coefficient * pn / (gn + weight_decay * pn + eps);
+        if (trust_clip) r = std::min(r / lr, 1.0);
+        args.grad_mul[t] = amp.inv_scale * r;
+        args.weight_decay[t] = weight_decay * r;
+      }
+    }
+  }
+  sgd_family(params, grads, bufs, first_step, args);
+}
+
+void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
+                       const c10::List<bool>& first_step, double lr, double momentum, double eeta,
+                       double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf) {
+  constexpr double kMaxTrustRatio = 50.0, kGradClamp = 10.0;
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  const auto grads = check_sgd_inputs("colossal_lars_", params, grads_in, bufs, first_step, momentum);
+  const size_t n = params.size();
+  SgdFamily args{Direction::kClamp, momentum, 0.0, kGradClamp, false, false,
+                 std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
+                 std::vector<double>(n, lr)};
+  if (lars) {
+    const auto norms = param_grad_norms(params, grads, amp.inv_scale);
+    for (size_t t = 0; t < n; ++t) {
+      const auto [pn, gn] = norms[t];
+      const double r = pn > 0.0 && gn > 0.0 ? eeta * pn / (gn + weight_decay * pn + epsilon) : 1.0;
+      args.lr[t] = lr * std::clamp(r, 0.0, kMaxTrustRatio);
+    }
+  }
+  sgd_family(params, grads, bufs, first_step, args);
+}
+
+// The bucket twins: lists {params, momentum_buffers}; grads read from the params.
+int64_t lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                    double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
+                    bool always_adapt, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("lars_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+    lars_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, trust_coefficient, eps,
+             trust_clip, always_adapt, grad_scale, found_inf);
+  });
+}
+
+int64_t colossal_lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum,
+                             double eeta, double weight_decay, double epsilon, bool lars,
+                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("colossal_lars_bucket", bucket, 2,
+                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+                       colossal_lars_cpu(l[0], grads, l[1], first_step, lr, momentum, eeta, weight_decay, epsilon,
+                                         lars, grad_scale, found_inf);
+                     });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("lars_", &lars_cpu);
+  m.impl("colossal_lars_", &colossal_lars_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("lars_bucket", &lars_bucket);
+  m.impl("colossal_lars_bucket", &colossal_lars_bucket);
+}
+
+}  // namespace fused_optim

@@ -1,0 +1,94 @@
+// fused_optim::sparsified_sgd_: SGD with error feedback that applies only k coordinates per
+// tensor each step (mlbench_core's SparsifiedSGD, for any param shape). Per tensor of D elements:
+//   memory <- memory + lr*g/grad_scale                  (every element, one parallel pass)
+//   p <- p - weight_decay*p                             (same pass; decay not multiplied by lr)
+//   S <- k indices: randperm(D)[:k] (random_sparse) or the block [b*k, min(b*k + k, D)), b uniform
+//        in [0, ceil(D/k)), drawn from `generator` tensor by tensor, in order
+//   p[S] <- p[S] - memory[S] ; memory[S] <- 0
+// The indices are drawn with the same ATen calls as the reference, so both follow one generator.
+#include "bucket.h"
+#include "multi_tensor.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randperm.h>
+#include <torch/library.h>
+
+namespace fused_optim {
+namespace {
+
+template <typename T>
+void apply_sparse(const at::Tensor& p, const at::Tensor& memory, const at::Tensor& index) {
+  T* pp = ptr<T>(p);
+  T* mp = ptr<T>(memory);
+  const int64_t* ip = ptr<int64_t>(index);
+  for (int64_t j = 0; j < index.numel(); ++j) {
+    const int64_t i = ip[j];
+    pp[i] = static_cast<T>(static_cast<opmath_t<T>>(pp[i]) - static_cast<opmath_t<T>>(mp[i]));
+    mp[i] = static_cast<T>(0);
+  }
+}
+
+void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
+                        double weight_decay, int64_t sparse_grad_size, bool random_sparse,
+                        const std::optional<at::Generator>& generator, const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf) {
+  const AmpArgs amp = read_amp(grad_scale, found_inf);
+  if (amp.skip || params.empty()) return;
+  TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
+  check_mutable("sparsified_sgd_", "params", params, params);
+  const auto grads = checked_grads("sparsified_sgd_", params, grads_in);
+  check_mutable("sparsified_sgd_", "memories", params, memories);
+  std::vector<int64_t> numels;
+  std::vector<at::Tensor> indices;
+  for (const auto& p : params) {
+    const int64_t d = p.numel(), k = std::min(sparse_grad_size, d);
+    numels.push_back(d);
+    if (random_sparse) {
+      indices.push_back(at::randperm(d, generator, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, k));
+    } else {
+      const int64_t blocks = (d + sparse_grad_size - 1) / sparse_grad_size;
+      const int64_t start = at::randint(blocks, {1}, generator, at::TensorOptions().dtype(at::kLong)).item<int64_t>() *
+                            sparse_grad_size;
+      indices.push_back(at::arange(start, std::min(start + sparse_grad_size, d), at::kLong));
+    }
+  }
+  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sparsified_sgd_", [&] {
+    using M = opmath_t<scalar_t>;
+    using V = FVec<scalar_t>;
+    const V step(static_cast<M>(lr * amp.inv_scale)), neg_wd(static_cast<M>(-weight_decay));
+    multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+      for_each_block<scalar_t>(
+          begin, end,
+          [&](auto& p, auto& g, auto& m) {
+            m = at::vec::fmadd(step, g, m);
+            p = at::vec::fmadd(neg_wd, p, p);
+          },
+          ptr<scalar_t>(params[t]), cptr<scalar_t>(grads[t]), ptr<scalar_t>(memories[t]));
+    });
+    for (size_t t = 0; t < params.size(); ++t) apply_sparse<scalar_t>(params[t], memories[t], indices[t]);
+  });
+}
+
+// The bucket twin: lists {params, memories}; grads read from the params.
+int64_t sparsified_sgd_bucket(int64_t bucket, double lr, double weight_decay, int64_t sparse_grad_size,
+                              bool random_sparse, const std::optional<at::Generator>& generator,
+                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  return step_bucket("sparsified_sgd_bucket", bucket, 2,
+                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+                       sparsified_sgd_cpu(l[0], grads, l[1], lr, weight_decay, sparse_grad_size, random_sparse,
+                                          generator, grad_scale, found_inf);
+                     });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("sparsified_sgd_", &sparsified_sgd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("sparsified_sgd_bucket", &sparsified_sgd_bucket);
+}
+
+}  // namespace fused_optim

@@ -1,0 +1,136 @@
+"""LAMB: FusedLAMB (apex/ColossalAI FusedLAMB = timm Lamb) and Lamb (ColossalAI's non-fused one)."""
+
+from __future__ import annotations
+
+from .adam import init_moments
+from .norm import multi_tensor_l2norm
+from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative, check_range
+
+
+class _LambBase(FusedOptimizer):
+    """Adam's state (``step``, ``exp_avg``, ``exp_avg_sq``) and hyperparameter checks."""
+
+    def _validate(self, group: dict) -> None:
+        check_lr(group["lr"])
+        check_nonnegative("epsilon", group["eps"])
+        check_nonnegative("weight_decay", group["weight_decay"])
+        check_betas(group["betas"])
+
+    def _init_state(self, p, state, group) -> None:
+        init_moments(p, state)
+
+    def _state_lists(self, group, params, states, fresh) -> tuple:
+        return ([st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
+                [st["step"] for st in states]), ()
+
+
+class FusedLAMB(_LambBase):
+    r"""LAMB (You et al., "Large Batch Optimization for Deep Learning", 2019), fused per group.
+
+    Update rule (η lr, λ weight_decay, t the param's step, ‖·‖ the L2 norm of a whole tensor)::
+
+        G ← ‖all grads of all groups‖                       (one multi-tensor norm per step)
+        clip ← G / max_grad_norm if G > max_grad_norm else 1  (max_grad_norm None or 0: clip = 1)
+        per param:  t ← t + 1 ; bc1 = 1 − β1^t, bc2 = 1 − β2^t (both 1 if not bias_correction)
+                    β3 = 1 − β1 if grad_averaging else 1
+            ĝ ← g / clip
+            ĝ ← ĝ + λ·p                                     if not adam_w_mode (L2)
+            m ← β1·m + β3·ĝ ;  v ← β2·v + (1 − β2)·ĝ²
+            u ← (m / bc1) / (√(v / bc2) + eps)
+            u ← u + λ·p                                     if adam_w_mode (decoupled)
+            r ← ‖p‖ / ‖u‖ if (use_nvlamb or λ ≠ 0) and ‖p‖ ≠ 0 and ‖u‖ ≠ 0, else 1
+            r ← min(r, 1)                                   if trust_clip
+            p ← p − η·r·u
+
+    This is apex/ColossalAI ``FusedLAMB`` and timm ``Lamb`` (``always_adapt`` is timm's name for
+    ``use_nvlamb``; ``trust_clip`` is timm's option). ‖p‖ is taken before the update. Norms and
+    trust ratios are computed inside the kernels: no host sync per tensor. Unlike the references
+    the grads are never modified. Step counters are per param (torch.optim's ``step`` state).
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr, betas, eps, weight_decay: η, (β1, β2), eps, λ.
+        bias_correction, grad_averaging, adam_w_mode: as above.
+        max_grad_norm: clip the global grad norm to this (None or 0: no clipping).
+        use_nvlamb / always_adapt: apply the trust ratio with λ = 0 too.
+        trust_clip: cap the trust ratio at 1.
+        amsgrad: not supported (as apex/ColossalAI); True raises.
+        set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "lamb_"
+
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+                 amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
+                 set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
+                 trust_clip: bool = False, always_adapt: bool = False, fused: bool | None = None):
+        if amsgrad:
+            raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
+                        weight_decay=weight_decay, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
+                        max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
+        self._grad_norm = None
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _validate(self, group: dict) -> None:
+        super()._validate(group)
+        clip = group["max_grad_norm"]
+        check_range("max_grad_norm", clip, clip is None or (isinstance(clip, (int, float)) and clip >= 0),
+                    "use a norm > 0, or None / 0 for no clipping")
+
+    def _prepare_step(self) -> None:
+        """The global grad norm over every group (before unscaling: the kernel divides by the scale)."""
+        self._grad_norm = None
+        if any(group["max_grad_norm"] for group in self.param_groups):
+            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+            self._grad_norm = multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+
+    def _scalars(self, group: dict) -> dict:
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                    bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
+                    adam_w_mode=group["adam_w_mode"], max_grad_norm=float(group["max_grad_norm"] or 0.0),
+                    use_nvlamb=group["use_nvlamb"], trust_clip=group["trust_clip"],
+                    global_grad_norm=self._grad_norm if group["max_grad_norm"] else None)
+
+
+class Lamb(_LambBase):
+    r"""ColossalAI's (non-fused) ``Lamb``, the pytorch-lamb algorithm, here fused per group.
+
+    Update rule (η lr, λ weight_decay, t the param's step)::
+
+        t ← t + 1
+        m ← β1·m + (1 − β1)·g ;  v ← β2·v + (1 − β2)·g²
+        s ← η·√(1 − β2^t) / (1 − β1^t) if bias_correction else η
+        a ← m / (√v + eps) + λ·p
+        r ← ‖p‖ / ‖a‖ (1 if either is 0, and 1 if adam)
+        p ← p − s·r·a
+
+    Differs from :class:`FusedLAMB`: no gradient clipping, eps added outside the bias
+    correction, the ratio always applied (also for λ = 0), ``adam=True`` turns it off. Same as
+    torch-optimizer's ``Lamb`` with ``debias=bias_correction`` and no weight-norm clamp.
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr, betas, eps, weight_decay: η, (β1, β2), eps, λ.
+        adam: skip the trust ratio (plain Adam with decoupled decay), for comparisons.
+        bias_correction: fold the bias corrections into the step size.
+        set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "colossal_lamb_"
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,
+                 set_grad_none: bool = True, fused: bool | None = None):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam,
+                        bias_correction=bias_correction)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _scalars(self, group: dict) -> dict:
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                    adam=group["adam"], bias_correction=group["bias_correction"])

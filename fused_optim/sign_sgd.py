@@ -1,0 +1,43 @@
+"""SignSGD: the sign of torch.optim.SGD's momentum direction (mlbench_core's SignSGD)."""
+
+from __future__ import annotations
+
+from .sgd import MomentumOptimizer
+
+
+class SignSGD(MomentumOptimizer):
+    r"""SGD that steps by the sign of the momentum direction, fused over all tensors of a group.
+
+    Update rule, per parameter p with gradient g (λ weight_decay, μ momentum, d dampening, η lr)::
+
+        g ← g + λ·p                      if λ ≠ 0
+        if μ ≠ 0:
+            buf ← g                      on this param's first step
+            buf ← μ·buf + (1 − d)·g      afterwards
+            g   ← g + μ·buf if nesterov else buf
+        p ← p − η·sign(g)                (sign(0) = 0)
+
+    This is mlbench_core's ``SignSGD`` (Bernstein et al., "signSGD: Compressed Optimisation for
+    Non-Convex Problems", 2018; with momentum taken before the sign, i.e. Signum). State:
+    ``momentum_buffer``, as torch.optim.SGD.
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr: learning rate η (required, >= 0).
+        momentum, weight_decay, dampening: μ, λ, d (>= 0).
+        nesterov: Nesterov momentum (needs μ > 0 and d = 0).
+        set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "sign_sgd_"
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
+                 dampening: float = 0.0, nesterov: bool = False, *, set_grad_none: bool = True,
+                 fused: bool | None = None):
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _scalars(self, group: dict) -> dict:
+        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
+                    weight_decay=group["weight_decay"], nesterov=group["nesterov"])

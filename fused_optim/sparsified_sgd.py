@@ -1,0 +1,108 @@
+"""SparsifiedSGD: error-feedback SGD applying k coordinates per tensor per step (mlbench_core)."""
+
+from __future__ import annotations
+
+import torch
+
+from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
+
+
+class SparsifiedSGD(FusedOptimizer):
+    r"""Sparsified SGD with memory (Stich et al., "Sparsified SGD with Memory", 2018), fused.
+
+    Update rule, per parameter p (D elements) with gradient g (η lr, λ weight_decay,
+    k sparse_grad_size)::
+
+        memory ← memory + η·g
+        S ← k coordinates: a random subset (random_sparse) or a random block [b·k, b·k + k)
+            with b uniform in [0, ⌈D/k⌉) (the last block may be shorter)
+        s ← memory restricted to S ;  memory[S] ← 0
+        p ← p − λ·p                 (λ is not multiplied by η, as in the reference)
+        p ← p − s
+
+    Estimated weights (the paper's weighted average of iterates), with τ = D/k::
+
+        ρ_t = 6(t + τ)² / ((1 + t)(6τ² + t + 6τt + 2t²))   (ρ_0 = 1)
+        estimated_w ← (1 − ρ_t)·estimated_w + ρ_t·p        (update_estimated_weights(t))
+
+    Deviations from mlbench_core's ``SparsifiedSGD`` (the numerical reference of the averaging):
+    the constructor does not re-initialise the params, the step uses lr and applies the sparse
+    update itself (mlbench leaves that to its distributed wrapper), any param shape works (the
+    reference needs (1, D)), the block choice covers every coordinate (the reference never sends
+    the last D mod k), and the coordinates come from the optimizer's own ``torch.Generator``
+    (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
+    same coordinates. State: ``memory`` per param, and ``estimated_w`` from the first call of
+    ``update_estimated_weights`` / ``get_estimated_weights`` (starting as the param then).
+
+    Args:
+        params: iterable of params or param-group dicts.
+        lr: η (required, >= 0). weight_decay: λ (>= 0). sparse_grad_size: k (>= 1).
+        random_sparse: random coordinates instead of a random block.
+        seed: seed of the private generator (None: a random seed).
+        set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        fused: None (kernels when possible), True (kernels or error), False (reference).
+    """
+
+    op_name = "sparsified_sgd_"
+
+    def __init__(self, params, lr: float, weight_decay: float = 0.0, sparse_grad_size: int = 10,
+                 random_sparse: bool = False, *, seed: int | None = None, set_grad_none: bool = True,
+                 fused: bool | None = None):
+        self.generator = torch.Generator()
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        defaults = dict(lr=lr, weight_decay=weight_decay, sparse_grad_size=sparse_grad_size,
+                        random_sparse=random_sparse)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+
+    def _validate(self, group: dict) -> None:
+        check_lr(group["lr"])
+        check_nonnegative("weight_decay", group["weight_decay"])
+        k = group["sparse_grad_size"]
+        check_range("sparse_grad_size", k, isinstance(k, int) and k >= 1, "need an int >= 1")
+
+    def _init_state(self, p, state, group) -> None:
+        if "memory" not in state:
+            state["memory"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+
+    def _state_lists(self, group, params, states, fresh) -> tuple:
+        return ([st["memory"] for st in states],), ()
+
+    def _scalars(self, group: dict) -> dict:
+        return dict(lr=group["lr"], weight_decay=group["weight_decay"], sparse_grad_size=group["sparse_grad_size"],
+                    random_sparse=bool(group["random_sparse"]), generator=self.generator)
+
+    @torch.no_grad()
+    def update_estimated_weights(self, iteration: int, sparse_vector_size: int | None = None) -> None:
+        """Fold the current params into the estimated weights with weight ρ_iteration (above);
+        ``sparse_vector_size`` defaults to each group's ``sparse_grad_size``."""
+        t = iteration
+        for group in self.param_groups:
+            k = sparse_vector_size or group["sparse_grad_size"]
+            for p in group["params"]:
+                tau = p.numel() / k
+                rho = 6 * (t + tau) ** 2 / ((1 + t) * (6 * tau**2 + t + 6 * tau * t + 2 * t**2))
+                est = self._estimate(p)
+                est.mul_(1 - rho).add_(p, alpha=rho)
+
+    def get_estimated_weights(self) -> list[torch.Tensor]:
+        return [self._estimate(p) for group in self.param_groups for p in group["params"]]
+
+    def _estimate(self, p: torch.Tensor) -> torch.Tensor:
+        """The param's estimate, starting as the param itself (ρ_0 = 1 makes the start irrelevant)."""
+        state = self.state[p]
+        if "estimated_w" not in state:
+            state["estimated_w"] = p.detach().clone(memory_format=torch.contiguous_format)
+        return state["estimated_w"]
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        generator = state_dict.pop("generator", None)
+        super().load_state_dict(state_dict)
+        if generator is not None:
+            self.generator.set_state(generator)

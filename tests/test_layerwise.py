@@ -1,0 +1,99 @@
+"""LAMB, LARS, their ColossalAI variants and SignSGD: kernels == reference on every dtype and the
+odd shapes, results independent of the thread count, hyperparameter edge cases."""
+
+import pytest
+import torch
+
+import fused_optim
+from cases import LAYERWISE_CASES, ids
+from utils import assert_state_close, set_grads, twin_groups
+
+RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps,
+        torch.float16: 4 * torch.finfo(torch.float16).eps}
+
+
+@pytest.mark.parametrize("dtype", list(RTOL), ids=["fp64", "fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("case", LAYERWISE_CASES, ids=ids(LAYERWISE_CASES))
+def test_kernel_matches_reference(case, dtype):
+    """Odd sizes, 300 small tensors, a param without grad and one whose grads start late."""
+    ga, gb = twin_groups(case, dtype)
+    kernel, reference = case.make_ours(ga, fused=True), case.make_ours(gb, fused=False)
+    for step in range(15):
+        set_grads(ga, gb, step)
+        kernel.step()
+        reference.step()
+        assert_state_close(kernel, reference, RTOL[dtype], f"{case.id} {dtype} step {step}")
+    assert (kernel.implementation, reference.implementation) == ("fused", "reference")
+
+
+@pytest.mark.parametrize("case", LAYERWISE_CASES, ids=ids(LAYERWISE_CASES))
+def test_thread_count_does_not_change_a_bit(case):
+    """The per-tensor norms are summed in a fixed order: 1 and 2 threads give identical params."""
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        gen = torch.Generator().manual_seed(0)
+        ps = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (100_003, 50_000, 7)]
+        opt = case.make_ours(ps, fused=True)
+        for _ in range(3):
+            for p in ps:
+                p.grad = torch.randn(p.shape, generator=gen)
+            opt.step()
+        results.append([p.detach().clone() for p in ps])
+    torch.set_num_threads(2)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+def test_lamb_clips_with_the_global_norm_of_all_groups(fused):
+    """Two groups: once clipping is active, scaling every grad changes nothing, and the clip
+    divides by the norm over both groups (a per-group norm would give other moments)."""
+    gen = torch.Generator().manual_seed(2)
+    base = [torch.randn(n, generator=gen, dtype=torch.float64) for n in (5, 300)]
+    grads = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in base]
+    total = torch.linalg.vector_norm(torch.cat(grads)).item()
+
+    def run(scale, max_grad_norm):
+        ps = [torch.nn.Parameter(t.clone()) for t in base]
+        opt = fused_optim.FusedLAMB([{"params": [ps[0]]}, {"params": [ps[1]]}], lr=0.1,
+                                    max_grad_norm=max_grad_norm, fused=fused)
+        for p, g in zip(ps, grads):
+            p.grad = g * scale
+        opt.step()
+        return ps, opt
+
+    limit = total / 2
+    (a, opt_a), (b, _) = run(10.0, limit), run(20.0, limit)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+    # ĝ = 10·g / (10·G / limit) with G the norm over BOTH groups; m = (1 − β1)·ĝ on the first step.
+    m = opt_a.state[a[1]]["exp_avg"]
+    torch.testing.assert_close(m, 0.1 * grads[1] * limit / total, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.0])
+def test_lamb_max_grad_norm_none_or_zero_disables_clipping(max_grad_norm):
+    gen = torch.Generator().manual_seed(4)
+    p = torch.nn.Parameter(torch.randn(50, generator=gen, dtype=torch.float64))
+    g = 100.0 * torch.randn(50, generator=gen, dtype=torch.float64)
+    opt = fused_optim.FusedLAMB([p], lr=0.1, max_grad_norm=max_grad_norm, fused=True)
+    p.grad = g.clone()
+    opt.step()
+    torch.testing.assert_close(opt.state[p]["exp_avg"], 0.1 * g, rtol=1e-12, atol=0.0)
+
+
+@pytest.mark.parametrize("cls, kw", [(fused_optim.LARS, dict(lr=0.1, momentum=0.9, weight_decay=0.1)),
+                                     (fused_optim.Lars, dict(lr=0.1, momentum=0.9, weight_decay=0.1))],
+                         ids=["LARS", "Lars"])
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+def test_lars_zero_norms_use_the_raw_gradient_scale(cls, kw, fused):
+    """A zero param (LARS: raw gradient, no decay) and a zero grad (nothing moves without decay)."""
+    zero_p = torch.nn.Parameter(torch.zeros(10, dtype=torch.float64))
+    zero_g = torch.nn.Parameter(torch.ones(10, dtype=torch.float64))
+    opt = cls([zero_p, zero_g], fused=fused, **kw)
+    zero_p.grad = torch.full((10,), 2.0, dtype=torch.float64)
+    zero_g.grad = torch.zeros(10, dtype=torch.float64)
+    opt.step()
+    assert torch.equal(zero_p.detach(), torch.full((10,), -0.2, dtype=torch.float64))
+    expected = 1.0 if cls is fused_optim.LARS else 1.0 - 0.1 * 0.1  # Lars decays with ratio 1
+    torch.testing.assert_close(zero_g.detach(), torch.full((10,), expected, dtype=torch.float64))

@@ -1,0 +1,66 @@
+"""fused_optim.multi_tensor_l2norm: equals torch.linalg.vector_norm per tensor and globally,
+independent of the thread count, on every dtype and odd shape."""
+
+import pytest
+import torch
+
+import fused_optim
+
+
+def tensors(dtype=None):
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(1,), (4097,), (33, 65), (0,), (100_003,), (3, 1, 7)]
+    dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float32, torch.float32, torch.float16]
+    return [(torch.randn(s, generator=gen) * 3).to(dtype or d) for s, d in zip(shapes, dtypes)]
+
+
+def exact(ts):
+    per = torch.stack([torch.linalg.vector_norm(t.double()) for t in ts])
+    return torch.linalg.vector_norm(per), per
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["mixed", "fp32", "fp64", "bf16", "fp16"])
+def test_equals_vector_norm_per_tensor_and_globally(dtype, fused):
+    ts = tensors(dtype)
+    total, per = fused_optim.multi_tensor_l2norm(ts, per_tensor=True, fused=fused)
+    want_total, want_per = exact(ts)
+    out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    assert total.dtype == per.dtype == out_dtype and total.shape == () and per.shape == (len(ts),)
+    rtol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(per.double(), want_per, rtol=rtol, atol=0.0)
+    torch.testing.assert_close(total.double(), want_total, rtol=rtol, atol=0.0)
+    # against torch's own fp32 reductions too (what users compare with)
+    torch.testing.assert_close(per, torch.stack([torch.linalg.vector_norm(t.to(out_dtype)) for t in ts]),
+                               rtol=1e-5, atol=0.0)
+    assert torch.equal(fused_optim.multi_tensor_l2norm(ts, fused=fused), total)
+
+
+def test_same_bits_with_one_and_two_threads():
+    ts = [t.float() for t in tensors()] + [torch.randn(1_000_000)]
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        results.append(fused_optim.multi_tensor_l2norm(ts, per_tensor=True, fused=True))
+    torch.set_num_threads(2)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_non_contiguous_and_empty_inputs():
+    x = torch.randn(64, 65)[:, ::2]
+    total, per = fused_optim.multi_tensor_l2norm([x], per_tensor=True, fused=True)
+    torch.testing.assert_close(per[0], torch.linalg.vector_norm(x), rtol=1e-6, atol=0.0)
+    total, per = fused_optim.multi_tensor_l2norm([], per_tensor=True, fused=True)
+    assert total.item() == 0.0 and per.shape == (0,)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(RuntimeError, match=r"tensors\[1\] is sparse"):
+        fused_optim.multi_tensor_l2norm([torch.ones(2), torch.ones(2).to_sparse()], fused=True)
+    with pytest.raises(RuntimeError, match=r"tensors\[0\] has dtype Long"):
+        fused_optim.multi_tensor_l2norm([torch.ones(2, dtype=torch.long)], fused=True)
+
+
+def test_opcheck():
+    torch.library.opcheck(torch.ops.fused_optim.l2norm.default, ([torch.randn(5), torch.randn(4097).bfloat16()],))
