@@ -1,24 +1,29 @@
-"""LAMB, LARS, their ColossalAI variants and SignSGD: kernels == reference on every dtype and the
-odd shapes, results independent of the thread count, hyperparameter edge cases."""
+"""Kernels == reference on every dtype and the odd shapes (the layer-wise, sign and sparsified
+optimizers; SGD/Adam in fp16/bf16, where torch.optim is no exact oracle), results independent of
+the thread count, and LAMB / LARS edge cases."""
 
 import pytest
 import torch
 
 import fused_optim
-from cases import LAYERWISE_CASES, ids
+from cases import LAYERWISE_CASES, STATEFUL_CASES, ids
 from utils import assert_state_close, set_grads, twin_groups
 
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps,
         torch.float16: 4 * torch.finfo(torch.float16).eps}
 
 
-@pytest.mark.parametrize("dtype", list(RTOL), ids=["fp64", "fp32", "bf16", "fp16"])
-@pytest.mark.parametrize("case", LAYERWISE_CASES, ids=ids(LAYERWISE_CASES))
+DTYPE_IDS = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+PAIRS = [(c, d) for c in LAYERWISE_CASES for d in RTOL] + [
+    (c, d) for c in STATEFUL_CASES for d in (torch.bfloat16, torch.float16)]
+
+
+@pytest.mark.parametrize("case, dtype", PAIRS, ids=[f"{c.id}-{DTYPE_IDS[d]}" for c, d in PAIRS])
 def test_kernel_matches_reference(case, dtype):
     """Odd sizes, 300 small tensors, a param without grad and one whose grads start late."""
     ga, gb = twin_groups(case, dtype)
     kernel, reference = case.make_ours(ga, fused=True), case.make_ours(gb, fused=False)
-    for step in range(15):
+    for step in range(20):
         set_grads(ga, gb, step)
         kernel.step()
         reference.step()
@@ -26,9 +31,13 @@ def test_kernel_matches_reference(case, dtype):
     assert (kernel.implementation, reference.implementation) == ("fused", "reference")
 
 
-@pytest.mark.parametrize("case", LAYERWISE_CASES, ids=ids(LAYERWISE_CASES))
+THREAD_CASES = STATEFUL_CASES[-1:] + LAYERWISE_CASES
+
+
+@pytest.mark.parametrize("case", THREAD_CASES, ids=ids(THREAD_CASES))
 def test_thread_count_does_not_change_a_bit(case):
-    """The per-tensor norms are summed in a fixed order: 1 and 2 threads give identical params."""
+    """Work items split the same way whatever the thread count, and per-tensor norms are summed in
+    a fixed order: 1 and 2 threads give identical params."""
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)
