@@ -1,7 +1,8 @@
 """Lazy, cached JIT build of the native kernels.
 
 Nothing is compiled at import. The first fused step (or :func:`load`, ``fused-optim build``)
-compiles ``csrc/cpu/*.cpp`` with ``torch.utils.cpp_extension.load`` into a library that only
+compiles ``csrc/cpu/*.cpp`` (grouped into one translation unit per core, see
+:func:`translation_units`) with ``torch.utils.cpp_extension.load`` into a library that only
 registers op implementations (no pybind). cpp_extension provides the file lock between processes
 and rebuilds when sources or flags change; the result is cached under ``TORCH_EXTENSIONS_DIR``.
 
@@ -42,6 +43,27 @@ def cpu_sources() -> list[str]:
     return sorted(str(p) for p in (CSRC / "cpu").glob("*.cpp"))
 
 
+def translation_units(directory: Path) -> list[str]:
+    """The files to compile: one per core, each ``#include``-ing a share of ``cpu_sources()``.
+
+    Most of a kernel file's compile time is the ATen headers (~4.5 s), so on 2 cores two units
+    build about twice as fast as one per file. ninja's header dependencies still cover the
+    included files, so editing any of them rebuilds. (Names in anonymous namespaces must therefore
+    be unique across csrc/cpu.) A unit is rewritten only when its text changes.
+    """
+    sources = cpu_sources()
+    count = max(1, min(len(sources), os.cpu_count() or 1))
+    directory.mkdir(parents=True, exist_ok=True)
+    units = []
+    for k in range(count):
+        path = directory / f"unit{k}.cpp"
+        text = "".join(f'#include "{src}"\n' for src in sources[k::count])
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        units.append(str(path))
+    return units
+
+
 def isa_tag() -> str:
     """ATen's CPU capability plus a short hash of the CPU's feature flags (what -march=native sees)."""
     flags = platform.processor() or platform.machine()
@@ -80,7 +102,7 @@ def load() -> None:
         try:
             cpp_extension.load(
                 name=extension_name(),
-                sources=cpu_sources(),
+                sources=translation_units(Path(build_directory()) / "units"),
                 extra_cflags=CFLAGS,
                 extra_ldflags=LDFLAGS,
                 extra_include_paths=[str(CSRC / "cpu")],

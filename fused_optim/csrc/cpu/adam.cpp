@@ -5,8 +5,8 @@
 //   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^step (or 1)
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "ops.h"
 
-#include <torch/library.h>
 
 #include <cmath>
 
@@ -40,6 +40,8 @@ struct AdamMath {
     p = at::vec::fmadd(neg_step_size, m / denom, p);
   }
 };
+
+}  // namespace
 
 void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
@@ -123,17 +125,6 @@ int64_t adam_bucket(int64_t bucket, double lr, double beta1, double beta2, doubl
     adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
              bias_correction, grad_scale, found_inf);
   });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("adam_", &adam_cpu);
-}
-
-// The twin may take no tensor argument at all: CompositeExplicitAutograd serves it.
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("adam_bucket", &adam_bucket);
 }
 
 }  // namespace fused_optim

@@ -1,7 +1,7 @@
 #include "bucket.h"
+#include "ops.h"
 
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -12,6 +12,8 @@ namespace {
 std::mutex registry_mutex;
 std::unordered_map<int64_t, std::shared_ptr<const TensorLists>> registry;
 int64_t next_id = 1;
+
+}  // namespace
 
 int64_t bucket_new(at::TensorList tensors, c10::IntArrayRef lengths) {
   auto lists = std::make_shared<TensorLists>();
@@ -31,8 +33,6 @@ void bucket_free(int64_t id) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   registry.erase(id);
 }
-
-}  // namespace
 
 std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
   std::lock_guard<std::mutex> lock(registry_mutex);
@@ -58,12 +58,6 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
     grads.push_back(g);
   }
   return grads;
-}
-
-// Neither op computes on a tensor (bucket_free takes none): CompositeExplicitAutograd serves every backend.
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("bucket_new", &bucket_new);
-  m.impl("bucket_free", &bucket_free);
 }
 
 }  // namespace fused_optim

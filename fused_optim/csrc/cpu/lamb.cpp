@@ -13,8 +13,8 @@
 // (fused_optim/lamb.py documents both).
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "ops.h"
 
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -130,6 +130,8 @@ void run_lamb(const char* op, at::TensorList params, at::TensorList grads_in, at
   for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
 }
 
+}  // namespace
+
 void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
               bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
@@ -202,18 +204,6 @@ int64_t colossal_lamb_bucket(int64_t bucket, double lr, double beta1, double bet
                        colossal_lamb_cpu(l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay, adam,
                                          bias_correction, grad_scale, found_inf);
                      });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("lamb_", &lamb_cpu);
-  m.impl("colossal_lamb_", &colossal_lamb_cpu);
-}
-
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("lamb_bucket", &lamb_bucket);
-  m.impl("colossal_lamb_bucket", &colossal_lamb_bucket);
 }
 
 }  // namespace fused_optim

@@ -8,9 +8,9 @@
 //                  (1 if a norm is 0) scales the lr; d = clamp(g + wd*p, -10, 10); plain momentum
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "ops.h"
 #include "sgd_family.h"
 
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,6 +35,8 @@ std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at:
   for (const auto& s : sums) norms.push_back({std::sqrt(s[0]), std::sqrt(s[1]) * inv_scale});
   return norms;
 }
+
+}  // namespace
 
 void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs, const c10::List<bool>& first_step,
               double lr, double momentum, double dampening, double weight_decay, bool nesterov,
@@ -103,18 +105,6 @@ int64_t colossal_lars_bucket(int64_t bucket, const c10::List<bool>& first_step, 
                        colossal_lars_cpu(l[0], grads, l[1], first_step, lr, momentum, eeta, weight_decay, epsilon,
                                          lars, grad_scale, found_inf);
                      });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("lars_", &lars_cpu);
-  m.impl("colossal_lars_", &colossal_lars_cpu);
-}
-
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("lars_bucket", &lars_bucket);
-  m.impl("colossal_lars_bucket", &colossal_lars_bucket);
 }
 
 }  // namespace fused_optim

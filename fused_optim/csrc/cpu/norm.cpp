@@ -5,14 +5,13 @@
 //   per_tensor[i] = sqrt(sum(x_i^2)) ; global = sqrt(sum_i per_tensor[i]^2)
 // Both results are float32, or float64 when any input is float64.
 #include "multi_tensor.h"
+#include "ops.h"
 
 #include <ATen/ops/empty.h>
-#include <torch/library.h>
 
 #include <cmath>
 
 namespace fused_optim {
-namespace {
 
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
   std::vector<at::Tensor> inputs;
@@ -43,12 +42,6 @@ std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
   *ptr<double>(global) = std::sqrt(total);
   if (!any_double) return {global.to(at::kFloat), per_tensor.to(at::kFloat)};
   return {global, per_tensor};
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("l2norm", &l2norm_cpu);
 }
 
 }  // namespace fused_optim

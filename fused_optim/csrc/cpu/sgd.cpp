@@ -3,9 +3,9 @@
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "ops.h"
 #include "sgd_family.h"
 
-#include <torch/library.h>
 
 namespace fused_optim {
 namespace {
@@ -128,6 +128,8 @@ void sgd_like(const char* op, Direction direction, at::TensorList params, at::Te
   sgd_family(params, grads, bufs, first_step, args);
 }
 
+}  // namespace
+
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
              const c10::List<bool>& first_step, double lr, double momentum, double dampening,
              double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
@@ -162,19 +164,6 @@ int64_t sign_sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, doubl
     sign_sgd_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
                  found_inf);
   });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("sgd_", &sgd_cpu);
-  m.impl("sign_sgd_", &sign_sgd_cpu);
-}
-
-// The twins may take no tensor argument at all: CompositeExplicitAutograd serves them.
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("sgd_bucket", &sgd_bucket);
-  m.impl("sign_sgd_bucket", &sign_sgd_bucket);
 }
 
 }  // namespace fused_optim

@@ -8,11 +8,11 @@
 // The indices are drawn with the same ATen calls as the reference, so both follow one generator.
 #include "bucket.h"
 #include "multi_tensor.h"
+#include "ops.h"
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randperm.h>
-#include <torch/library.h>
 
 namespace fused_optim {
 namespace {
@@ -28,6 +28,8 @@ void apply_sparse(const at::Tensor& p, const at::Tensor& memory, const at::Tenso
     mp[i] = static_cast<T>(0);
   }
 }
+
+}  // namespace
 
 void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
                         double weight_decay, int64_t sparse_grad_size, bool random_sparse,
@@ -79,16 +81,6 @@ int64_t sparsified_sgd_bucket(int64_t bucket, double lr, double weight_decay, in
                        sparsified_sgd_cpu(l[0], grads, l[1], lr, weight_decay, sparse_grad_size, random_sparse,
                                           generator, grad_scale, found_inf);
                      });
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
-  m.impl("sparsified_sgd_", &sparsified_sgd_cpu);
-}
-
-TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
-  m.impl("sparsified_sgd_bucket", &sparsified_sgd_bucket);
 }
 
 }  // namespace fused_optim
