@@ -14,6 +14,7 @@ install: $(PY)
 	$(PIP) torch==2.13.0
 	$(PIP) "setuptools>=64" wheel
 	$(PIP) --no-build-isolation ".[all]"
+	$(PIP) --no-deps "timm==1.0.31"  # bench peers (Lamb, Lars); no-deps: never torchvision or another torch
 
 # pytest from the venv's bin (not `python -m pytest`) so tests import the installed package.
 test: install

@@ -1,15 +1,28 @@
-"""``fused-optim bench``: ours vs torch.optim's single-tensor / foreach / fused modes.
+"""``fused-optim bench``: ours vs torch.optim's single-tensor / foreach / fused modes (SGD, AdamW),
+vs timm's Lamb and Lars (foreach and single-tensor modes), and ``multi_tensor_l2norm`` vs
+``torch._foreach_norm``.
 
 All variants of one (optimizer, dtype, param list) run interleaved in one process, each on its
 own copy of the same params and grads; each sample times ``inner`` steps, and the table reports
-medians over ``repeats`` samples. Next to ms/step it reports the ratio torch-fused / ours (>1:
-we are faster), the effective bandwidth (bytes an update must read and write / time) and its
-fraction of an in-place read-modify-write probe (``a.add_(b)`` over the same number of elements
-and dtype) timed in the same rounds. Absolute times on a shared machine are noisy: read ratios.
+medians over ``repeats`` samples. Next to ms/step it reports the ratio peer / ours (>1: we are
+faster; the peer is torch fused, the faster timm mode, or foreach_norm + stack), the effective
+bandwidth (bytes one pass of the update must read and write / time) and its fraction of a probe
+timed in the same rounds: an in-place read-modify-write (``a.add_(b)`` over the same number of
+elements and dtype) for the optimizers, a read of one flat buffer for the norm. LAMB rows also
+carry their step time over FusedAdam's (AdamW) from the same rounds. Absolute times on a shared
+machine are noisy: read ratios.
+
+timm is optional (``pip install --no-deps timm``: its package ``__init__`` needs torchvision); its
+``optim/lamb.py`` and ``optim/lars.py`` are loaded by path, without ``timm/__init__``. Without it
+the timm rows are missing and bench.md says so.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
 import json
 import os
 import statistics
@@ -17,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -24,10 +38,20 @@ from typing import Callable
 import torch
 
 from .adam import FusedAdam
+from .lamb import FusedLAMB
+from .lars import LARS
+from .norm import multi_tensor_l2norm
 from .sgd import FusedSGD
 
-# Bytes each update reads + writes per element, in units of the element size.
-TRAFFIC = {"sgd": 5, "adamw": 7}  # sgd: r p,g,buf w p,buf; adamw: r p,g,m,v w p,m,v
+OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "norm")
+# Bytes one pass of each update reads + writes per element, in units of the element size:
+# sgd, lars: r p,g,buf w p,buf; adamw, lamb: r p,g,m,v w p,m,v; norm: r g. LAMB and LARS need norms
+# before they can update (more reads unless a tensor stays in cache): their fraction stays lower.
+TRAFFIC = {"sgd": 5, "adamw": 7, "lamb": 7, "lars": 5, "norm": 1}
+# The variants each row's "× vs peer" divides by; with several, the fastest one of the case.
+PEERS = {"sgd": ("torch fused",), "adamw": ("torch fused",), "lamb": ("timm foreach", "timm single"),
+         "lars": ("timm foreach", "timm single"), "norm": ("torch foreach_norm + stack",)}
+FUSED_ADAM = "FusedAdam (AdamW)"  # timed in the LAMB rounds: LAMB's step time over Adam's
 
 
 def resnet50_shapes() -> list[tuple[int, ...]]:
@@ -53,22 +77,76 @@ PARAM_LISTS: dict[str, tuple[str, Callable[[], list[tuple[int, ...]]]]] = {
 QUICK_LISTS = ["1M", "25M"]
 
 
-def _variants(opt: str) -> dict[str, Callable]:
+def _foreach_global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The global norm with torch alone, as timm's Lamb computes it."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
+
+
+_TIMM_PACKAGE = "_fused_optim_timm_optim"  # private name: a real `import timm` later is not shadowed
+
+
+@functools.lru_cache(maxsize=None)
+def timm_optimizers() -> tuple[dict[str, type], str]:
+    """({"Lamb": .., "Lars": ..}, timm version), or ({}, why not): timm's ``optim/lamb.py`` and
+    ``optim/lars.py`` imported as modules of an empty stub package whose path is timm's ``optim``
+    directory, so their relative imports (``._helpers``, ``._types``) resolve and neither
+    ``timm/__init__`` (needs torchvision) nor ``timm/optim/__init__`` runs."""
+    spec = importlib.util.find_spec("timm")  # a top-level find_spec does not import the package
+    if spec is None or not spec.submodule_search_locations:
+        return {}, "timm is not installed"
+    try:
+        if _TIMM_PACKAGE not in sys.modules:
+            stub = types.ModuleType(_TIMM_PACKAGE)
+            stub.__path__ = [os.path.join(next(iter(spec.submodule_search_locations)), "optim")]
+            sys.modules[_TIMM_PACKAGE] = stub
+        classes = {name: getattr(importlib.import_module(f"{_TIMM_PACKAGE}.{name.lower()}"), name)
+                   for name in ("Lamb", "Lars")}
+    except Exception as exc:  # another timm version, a broken install: the rows are just missing
+        return {}, f"timm's optim/lamb.py, lars.py did not load ({type(exc).__name__}: {exc})"
+    return classes, importlib.metadata.version("timm")
+
+
+def _variants(opt: str) -> dict[str, Callable[[list[torch.nn.Parameter]], Callable[[], object]]]:
+    """name -> (params -> the step to time). The first one is ours."""
     if opt == "sgd":
         kw = dict(lr=1e-3, momentum=0.9, weight_decay=1e-4)
         return {
-            "fused_optim": lambda ps: FusedSGD(ps, fused=True, **kw),
-            "torch fused": lambda ps: torch.optim.SGD(ps, fused=True, **kw),
-            "torch foreach": lambda ps: torch.optim.SGD(ps, foreach=True, **kw),
-            "torch single": lambda ps: torch.optim.SGD(ps, foreach=False, **kw),
+            "fused_optim": lambda ps: FusedSGD(ps, fused=True, **kw).step,
+            "torch fused": lambda ps: torch.optim.SGD(ps, fused=True, **kw).step,
+            "torch foreach": lambda ps: torch.optim.SGD(ps, foreach=True, **kw).step,
+            "torch single": lambda ps: torch.optim.SGD(ps, foreach=False, **kw).step,
         }
-    kw = dict(lr=1e-3, weight_decay=1e-2)
-    return {
-        "fused_optim": lambda ps: FusedAdam(ps, fused=True, **kw),
-        "torch fused": lambda ps: torch.optim.AdamW(ps, fused=True, **kw),
-        "torch foreach": lambda ps: torch.optim.AdamW(ps, foreach=True, **kw),
-        "torch single": lambda ps: torch.optim.AdamW(ps, foreach=False, **kw),
-    }
+    if opt == "adamw":
+        kw = dict(lr=1e-3, weight_decay=1e-2)
+        return {
+            "fused_optim": lambda ps: FusedAdam(ps, fused=True, **kw).step,
+            "torch fused": lambda ps: torch.optim.AdamW(ps, fused=True, **kw).step,
+            "torch foreach": lambda ps: torch.optim.AdamW(ps, foreach=True, **kw).step,
+            "torch single": lambda ps: torch.optim.AdamW(ps, foreach=False, **kw).step,
+        }
+    if opt == "norm":  # the global norm of the grads, as LAMB's clipping (and clip_grad_norm_) needs it
+        grads = lambda ps: [p.grad for p in ps]  # noqa: E731
+        return {
+            "fused_optim": lambda ps: functools.partial(multi_tensor_l2norm, grads(ps), fused=True),
+            "torch foreach_norm + stack": lambda ps: functools.partial(_foreach_global_norm, grads(ps)),
+            "torch foreach_norm (per tensor only)": lambda ps: functools.partial(torch._foreach_norm, grads(ps)),
+        }
+    # LAMB: timm Lamb's defaults (decay added to the update, as FusedLAMB's adam_w_mode). LARS: the
+    # trust coefficient is trust_coefficient in ours, trust_coeff in timm.
+    if opt == "lamb":
+        ours, timm, kw = FusedLAMB, "Lamb", dict(lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
+        timm_kw = kw
+    else:
+        ours, timm, timm_kw = LARS, "Lars", dict(lr=0.1, momentum=0.9, weight_decay=1e-4, trust_coeff=1e-3)
+        kw = {k.replace("trust_coeff", "trust_coefficient"): v for k, v in timm_kw.items()}
+    variants = {"fused_optim": lambda ps: ours(ps, fused=True, **kw).step}
+    timm_cls = timm_optimizers()[0].get(timm)
+    if timm_cls is not None:
+        variants["timm foreach"] = lambda ps: timm_cls(ps, foreach=True, **timm_kw).step
+        variants["timm single"] = lambda ps: timm_cls(ps, foreach=False, **timm_kw).step
+    if opt == "lamb":
+        variants[FUSED_ADAM] = _variants("adamw")["fused_optim"]
+    return variants
 
 
 @dataclass
@@ -80,10 +158,12 @@ class Row:
     numel: int
     variant: str
     ms_per_step: float
-    speedup_vs_torch_fused: float
+    peer: str | None  # the (fastest) peer variant; None: none ran (timm missing)
+    speedup_vs_peer: float | None  # peer's time / this row's
     gb_per_s: float
-    fraction_of_probe: float
+    fraction_of_probe: float  # read-modify-write probe; for "norm" the read probe
     probe_gb_per_s: float
+    time_vs_fused_adam: float | None = None  # lamb: this row's time / FusedAdam's in the same rounds
 
 
 def _make_params(shapes, dtype) -> list[torch.nn.Parameter]:
@@ -107,14 +187,22 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sam
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
+    variants = _variants(opt)
     steppers = {}
-    for name, make in _variants(opt).items():
-        o = make(_make_params(shapes, dtype))
-        o.step()  # state allocation and the JIT build are not part of the timing
-        steppers[name] = o.step
-    a = torch.randn(numel).to(dtype)
-    b = torch.randn(numel).to(dtype) * 1e-3
-    steppers["probe"] = lambda: a.add_(b)
+    for name, make in variants.items():
+        steppers[name] = make(_make_params(shapes, dtype))
+        steppers[name]()  # state allocation and the JIT build are not part of the timing
+    size = torch.empty((), dtype=dtype).element_size()
+    if opt == "norm":
+        # Read probe: an int64 sum over the same bytes. Plain integer adds, the same for every dtype,
+        # stream at the read bandwidth: on 2 AVX-512 threads 37-42 GB/s at 25M and 100M elements, as
+        # fast as a.sum() (34-39; bf16 upcasts) and above a.amax() (11-36) and _foreach_norm([a]) (23-30).
+        ints = torch.randint(1 << 62, (numel * size // 8,))
+        probe_bytes, steppers["probe"] = 1, ints.sum
+    else:
+        a = torch.randn(numel).to(dtype)
+        b = torch.randn(numel).to(dtype) * 1e-3
+        probe_bytes, steppers["probe"] = 3, lambda: a.add_(b)
     # Samples of roughly min_sample_s each.
     inner = {k: max(1, int(min_sample_s / max(_time(f, 1), 1e-6))) for k, f in steppers.items()}
     samples: dict[str, list[float]] = {k: [] for k in steppers}
@@ -122,13 +210,14 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sam
         for k, f in steppers.items():
             samples[k].append(_time(f, inner[k]))
     med = {k: statistics.median(v) for k, v in samples.items()}
-    size = torch.empty((), dtype=dtype).element_size()
-    probe_gbs = 3 * size * numel / med["probe"] / 1e9
+    probe_gbs = probe_bytes * size * numel / med["probe"] / 1e9
+    peer = min((p for p in PEERS[opt] if p in med), key=med.get, default=None)
     rows = []
-    for k in _variants(opt):
+    for k in variants:
         gbs = TRAFFIC[opt] * size * numel / med[k] / 1e9
-        rows.append(Row(opt, str(dtype).replace("torch.", ""), label, len(shapes), numel, k,
-                        med[k] * 1e3, med["torch fused"] / med[k], gbs, gbs / probe_gbs, probe_gbs))
+        rows.append(Row(opt, str(dtype).replace("torch.", ""), label, len(shapes), numel, k, med[k] * 1e3,
+                        peer, med[peer] / med[k] if peer else None, gbs, gbs / probe_gbs, probe_gbs,
+                        med[k] / med[FUSED_ADAM] if FUSED_ADAM in med else None))
     return rows
 
 
@@ -136,9 +225,9 @@ def host_overhead_us(opt: str, tensors: int = 2000, repeats: int = 15) -> dict[s
     """Step time per tensor on 1-element tensors: the cost that is not arithmetic."""
     out = {}
     for name in ("fused_optim", "torch fused"):
-        o = _variants(opt)[name](_make_params([(1,)] * tensors, torch.float32))
-        o.step()
-        out[name] = statistics.median(_time(o.step, 5) for _ in range(repeats)) / tensors * 1e6
+        step = _variants(opt)[name](_make_params([(1,)] * tensors, torch.float32))
+        step()
+        out[name] = statistics.median(_time(step, 5) for _ in range(repeats)) / tensors * 1e6
     return out
 
 
@@ -166,17 +255,45 @@ def build_timing() -> dict[str, float]:
             "first_torch_optimizer_s": first_torch_optimizer}
 
 
-def markdown(rows: list[Row], host: dict, build: dict | None) -> str:
+def _table(rows: list[Row], speedup: str, probe: str = "of probe", peer: bool = False, adam: bool = False) -> list[str]:
+    """One markdown table; optional columns: the peer's name, LAMB's time over FusedAdam's."""
+    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+    cols = [("optimizer", lambda r: r.optimizer), ("dtype", lambda r: r.dtype), ("params", lambda r: r.params),
+            ("variant", lambda r: r.variant), ("ms/step", lambda r: f"{r.ms_per_step:.3f}")]
+    cols += [("peer", lambda r: r.peer or "n/a")] * peer + [(speedup, lambda r: fmt(r.speedup_vs_peer))]
+    cols += [("time / FusedAdam", lambda r: fmt(r.time_vs_fused_adam))] * adam
+    cols += [("GB/s", lambda r: f"{r.gb_per_s:.1f}"), (probe, lambda r: f"{r.fraction_of_probe:.2f}")]
+    numeric = lambda h: h not in ("optimizer", "dtype", "params", "variant", "peer")  # noqa: E731
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "".join("---:|" if numeric(h) else "---|" for h, _ in cols)]
+    return lines + ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in rows]
+
+
+def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None = None) -> str:
+    """``timm``: its version, or why it is unavailable (None: no LAMB / LARS rows to explain)."""
+    by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
     lines = [
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}; medians of interleaved rounds.",
         "",
-        "| optimizer | dtype | params | variant | ms/step | × vs torch fused | GB/s | of probe |",
-        "|---|---|---|---|---:|---:|---:|---:|",
+        *_table(by_opt("sgd", "adamw"), "× vs torch fused"),
     ]
-    for r in rows:
-        lines.append(f"| {r.optimizer} | {r.dtype} | {r.params} | {r.variant} | {r.ms_per_step:.3f} | "
-                     f"{r.speedup_vs_torch_fused:.2f} | {r.gb_per_s:.1f} | {r.fraction_of_probe:.2f} |")
+    if by_opt("lamb", "lars"):
+        have_timm = any(r.variant.startswith("timm") for r in rows)
+        lines += ["", (f"LAMB (lr 1e-3, weight decay 0.01, max_grad_norm 1.0) and LARS (lr 0.1, momentum 0.9, "
+                       f"weight decay 1e-4, trust coefficient 0.001) vs timm {timm}: × vs the faster of its foreach "
+                       f"and single-tensor modes (peer); time / FusedAdam: LAMB's step over FusedAdam's "
+                       f"(AdamW, weight decay 0.01) in the same rounds. GB/s count one pass (7 and 5 element "
+                       f"sizes), though both need norms before updating." if have_timm else
+                       f"LAMB and LARS: **timm rows unavailable** ({timm}; `pip install --no-deps timm==1.0.31`), "
+                       f"so there is no × vs timm; time / FusedAdam: LAMB's step over FusedAdam's in the same "
+                       f"rounds."), "",
+                  *_table(by_opt("lamb", "lars"), "× vs peer", peer=True, adam=True)]
+    if by_opt("norm"):
+        lines += ["", "Global L2 norm of the grads: `multi_tensor_l2norm(grads)` vs "
+                      "`torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))` (peer) and the bare "
+                      "per-tensor `torch._foreach_norm(grads)`; of read probe: fraction of the GB/s of an int64 "
+                      "`sum()` over the same bytes.", "",
+                  *_table(by_opt("norm"), "× vs peer", probe="of read probe", peer=True)]
     lines += ["", "| host overhead, µs per tensor (1-element tensors) | fused_optim | torch fused |", "|---|---:|---:|"]
     for opt, h in host.items():
         lines.append(f"| {opt} | {h['fused_optim']:.3f} | {h['torch fused']:.3f} |")
@@ -196,19 +313,22 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     lists = lists or (QUICK_LISTS if quick else list(PARAM_LISTS))
     rows: list[Row] = []
     for list_id in lists:
-        for opt in ("sgd", "adamw"):
+        for opt in OPTIMIZERS:
             for dtype in (torch.float32, torch.bfloat16):
-                rows += bench_case(opt, dtype, list_id, repeats)
-                r = rows[-4]
+                case = bench_case(opt, dtype, list_id, repeats)
+                rows += case
+                r = case[0]
                 print(f"{opt:6} {r.dtype:9} {r.params:32} fused_optim {r.ms_per_step:8.3f} ms  "
-                      f"×{r.speedup_vs_torch_fused:5.2f} vs torch fused  {r.fraction_of_probe:.2f} of probe",
+                      f"×{r.speedup_vs_peer or float('nan'):6.2f} vs {r.peer}  {r.fraction_of_probe:.2f} of probe",
                       flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
     build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench.json", out / "bench.md"
+    classes, timm = timm_optimizers()
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,
                                      "build": build, "torch": torch.__version__,
+                                     "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
                                      "threads": torch.get_num_threads()}, indent=2))
-    md_path.write_text(markdown(rows, host, build))
+    md_path.write_text(markdown(rows, host, build, timm))
     return json_path, md_path
