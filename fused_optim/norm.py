@@ -29,26 +29,29 @@ def multi_tensor_l2norm(tensors: Iterable[Tensor], per_tensor: bool = False, *, 
         ``global_norm`` (0-dim tensor), or ``(global_norm, norms)`` with ``per_tensor=True``.
     """
     tensors = list(tensors)
-    for i, t in enumerate(tensors):
-        if t.layout is not torch.strided:
-            raise RuntimeError(f"multi_tensor_l2norm: tensors[{i}] is sparse; only dense tensors are supported")
-    result = (_ops.op("l2norm")(tensors) if _use_kernel(tensors, fused) else _reference.l2norm(tensors))
-    return result if per_tensor else result[0]
-
-
-def _use_kernel(tensors: list[Tensor], fused: bool | None) -> bool:
-    if fused is False or not tensors:  # no tensor: nothing for the dispatcher to pick a kernel by
-        return False
-    why = next((f"a tensor is on {t.device}" for t in tensors if t.device.type != "cpu"), None)
-    if why is None:
+    if fused is not False and tensors:  # (no tensor: nothing for the dispatcher to pick a kernel by)
         try:
             _build.load()
-            return True
+            result = _ops.op("l2norm")(tensors)
+            return result if per_tensor else result[0]
         except _build.BuildError:
             if fused:
                 raise
-            why = "the kernels did not build"
+            warnings.warn("multi_tensor_l2norm: the kernels did not build; using torch.linalg.vector_norm",
+                          stacklevel=2)
+        except NotImplementedError:  # the dispatcher found no kernel for these tensors
+            _refuse_or_warn(tensors, fused)
+    result = _reference.l2norm(tensors)
+    return result if per_tensor else result[0]
+
+
+def _refuse_or_warn(tensors: list[Tensor], fused: bool | None) -> None:
+    """Sparse tensors are never supported; other devices have no kernel yet (the reference runs)."""
+    for i, t in enumerate(tensors):
+        if t.layout is not torch.strided:
+            raise RuntimeError(f"multi_tensor_l2norm: tensors[{i}] is sparse; only dense tensors are supported")
+    devices = ", ".join(sorted({str(t.device) for t in tensors if t.device.type != "cpu"}))
     if fused:
-        raise RuntimeError(f"multi_tensor_l2norm(fused=True): {why}, and there is no kernel for that; pass fused=None")
-    warnings.warn(f"multi_tensor_l2norm: {why}; using torch.linalg.vector_norm", stacklevel=3)
-    return False
+        raise RuntimeError(f"multi_tensor_l2norm(fused=True): no kernel for tensors on {devices} yet; pass fused=None")
+    warnings.warn(f"multi_tensor_l2norm: no kernel for tensors on {devices} yet; using torch.linalg.vector_norm",
+                  stacklevel=3)

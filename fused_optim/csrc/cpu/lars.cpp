@@ -28,7 +28,8 @@ std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at:
   for (const auto& p : params) numels.push_back(p.numel());
   const auto sums = FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lars_norms", [&] {
     return multi_tensor_sums<2>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-      return sums_of_squares<scalar_t>(begin, end, cptr<scalar_t>(params[t]), cptr<scalar_t>(grads[t]));
+      return std::array<double, 2>{sum_of_squares(cptr<scalar_t>(params[t]), begin, end),
+                                   sum_of_squares(cptr<scalar_t>(grads[t]), begin, end)};
     });
   });
   std::vector<Norms> norms;

@@ -214,23 +214,47 @@ inline double lane_sum(const V& v) {
   return sum;
 }
 
-// Sum of squares of each stream over [begin, end), accumulated in the math type.
-template <typename T, typename... Ptr>
-inline std::array<double, sizeof...(Ptr)> sums_of_squares(int64_t begin, int64_t end, Ptr... streams) {
-  constexpr size_t N = sizeof...(Ptr);
-  std::array<FVec<T>, N> acc;
-  acc.fill(FVec<T>(0));
-  for_each_block<T>(
-      begin, end,
-      [&](auto&... v) {
-        size_t j = 0;
-        ((acc[j] = at::vec::fmadd(v, v, acc[j]), ++j), ...);
-      },
-      streams...);
-  std::array<double, N> out;
-  for (size_t j = 0; j < N; ++j) out[j] = lane_sum(acc[j]);
-  return out;
+// Sum of x^2 over [begin, end) in the math type, in four independent accumulators (a single
+// FMA chain would bound the loop by the FMA latency), the remainder through for_each_block.
+template <typename T>
+inline double sum_of_squares(const T* x, int64_t begin, int64_t end) {
+  using V = FVec<T>;
+  constexpr int64_t L = kBlock<T>;
+  constexpr int kAcc = 4 * kHalves<T>;  // every half of every block of an iteration its own chain
+  V acc[kAcc];
+  for (auto& a : acc) a = V(0);
+  int64_t i = begin;
+  for (; i + 4 * L <= end; i += 4 * L) {
+    for (int u = 0; u < 4; ++u) {
+      const Block<T> b = load_block(x + i + u * L);
+      for (int h = 0; h < kHalves<T>; ++h) acc[u * kHalves<T> + h] = at::vec::fmadd(b.v[h], b.v[h], acc[u * kHalves<T> + h]);
+    }
+  }
+  for_each_block<T>(i, end, [&](auto& v) { acc[0] = at::vec::fmadd(v, v, acc[0]); }, x);
+  for (int k = 1; k < kAcc; ++k) acc[0] = acc[0] + acc[k];
+  return lane_sum(acc[0]);
 }
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// bf16: one vdpbf16ps per 32 elements (x[2i]^2 + x[2i+1]^2 added to fp32 lanes) and no conversion.
+// The products of bf16 values are exact in fp32; only inputs whose squares underflow fp32 anyway
+// are flushed. Same fixed order, so still independent of the thread count.
+inline double sum_of_squares(const c10::BFloat16* x, int64_t begin, int64_t end) {
+  constexpr int64_t L = 32;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t i = begin;
+  for (; i + 4 * L <= end; i += 4 * L) {
+    for (int u = 0; u < 4; ++u) {
+      const auto v = (__m512bh)_mm512_loadu_si512(x + i + u * L);
+      acc[u] = _mm512_dpbf16_ps(acc[u], v, v);
+    }
+  }
+  FVec<c10::BFloat16> rest(0);
+  for_each_block<c10::BFloat16>(i, end, [&](auto& v) { rest = at::vec::fmadd(v, v, rest); }, x);
+  return lane_sum(FVec<c10::BFloat16>(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
+                  rest);
+}
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by all ops. Tensors an op mutates must be contiguous (we never update a

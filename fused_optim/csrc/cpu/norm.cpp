@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
   }
   const auto sums = multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
     return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim::l2norm", [&] {
-      return sums_of_squares<scalar_t>(begin, end, cptr<scalar_t>(inputs[t]));
+      return std::array<double, 1>{sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end)};
     });
   });
   at::Tensor per_tensor = at::empty({static_cast<int64_t>(sums.size())}, at::TensorOptions().dtype(at::kDouble));
