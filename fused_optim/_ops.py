@@ -25,8 +25,9 @@ eager steps, never traced; ``torch.compile`` uses the list ops.
 
 ``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
 ``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor
-norms inside the kernel, without a host sync per tensor. ``lamb_`` takes the global grad norm of
-all groups as a tensor and clips with it inside the kernel.
+norms inside the kernel, without a host sync per tensor. ``lamb_`` clips with
+``global_grad_norm`` (the norm over all groups' grads, a tensor), or when it is None with the norm
+of the grads it was given (the optimizer passes None when one call holds every grad).
 """
 
 from __future__ import annotations

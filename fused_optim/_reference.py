@@ -195,8 +195,8 @@ def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
         return
     inv = _grad_multiplier(grad_scale, False)
     clip = 1.0
-    if max_grad_norm > 0 and global_grad_norm is not None:
-        norm = float(global_grad_norm.item()) * inv
+    if max_grad_norm > 0:
+        norm = float(global_grad_norm.item() if global_grad_norm is not None else l2norm(grads)[0]) * inv
         clip = norm / max_grad_norm if norm > max_grad_norm else 1.0
 
     def per_tensor(step):

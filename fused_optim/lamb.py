@@ -81,11 +81,19 @@ class FusedLAMB(_LambBase):
                     "use a norm > 0, or None / 0 for no clipping")
 
     def _prepare_step(self) -> None:
-        """The global grad norm over every group (before unscaling: the kernel divides by the scale)."""
+        """The global grad norm over every group (before unscaling: the kernel divides by the
+        scale), passed to the kernels as a tensor. Not needed when one kernel call will hold every
+        grad (one group, its cached plan a single bucket of all params, all with grads): that call
+        takes the norm of its grads itself, in its own parallel region."""
         self._grad_norm = None
-        if any(group["max_grad_norm"] for group in self.param_groups):
-            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-            self._grad_norm = multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        if not any(group["max_grad_norm"] for group in self.param_groups):
+            return
+        if len(self.param_groups) == 1:
+            plan = self._cached_plan(self.param_groups[0])
+            if plan is not None and plan.direct and all(p.grad is not None for p in plan.buckets[0].params):
+                return
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self._grad_norm = multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
 
     def _scalars(self, group: dict) -> dict:
         beta1, beta2 = group["betas"]

@@ -1,5 +1,6 @@
 // LAMB over a whole bucket; step counters incremented here. Per element, in opmath:
-//   g^ <- g * grad_mul          (grad_mul = 1/(grad_scale*clip), clip from the global grad norm)
+//   g^ <- g / (grad_scale*clip)  clip = G/max_grad_norm if G > max_grad_norm > 0, else 1, with G
+//                               global_grad_norm/grad_scale, or (None) the norm of this call's grads
 //   g^ <- g^ + wd*p              (L2 mode, adam_w_mode=False)
 //   m <- beta1*m + beta3*g^ ; v <- beta2*v + (1-beta2)*g^^2
 //   u <- (m*c1[t]) / (sqrt(v)*c2[t] + eps) (+ wd*p in decoupled mode)
@@ -23,7 +24,8 @@ namespace fused_optim {
 namespace {
 
 struct Lamb {
-  double grad_mul = 1.0, beta1, beta2, beta3, eps, weight_decay;
+  double inv_scale = 1.0, max_grad_norm = 0.0, beta1, beta2, beta3, eps, weight_decay;
+  std::optional<double> grad_norm;  // unscaled norm to clip with; none: that of the call's grads
   bool decoupled, trust_ratio, trust_clip;
   std::vector<double> c1, c2, lr, new_step;  // per tensor
 };
@@ -48,6 +50,23 @@ struct LambMath {
   }
 };
 
+// 1/(grad_scale*clip) for the gradient.
+template <typename T>
+double grad_multiplier(const std::vector<at::Tensor>& grads, const std::vector<int64_t>& numels, const Lamb& a) {
+  if (a.max_grad_norm <= 0.0) return a.inv_scale;
+  double norm = a.grad_norm.value_or(0.0);
+  if (!a.grad_norm) {
+    double sum = 0.0;
+    for (const auto& s : multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
+           return std::array<double, 1>{sum_of_squares(cptr<T>(grads[t]), begin, end)};
+         })) {
+      sum += s[0];
+    }
+    norm = std::sqrt(sum) * a.inv_scale;
+  }
+  return norm > a.max_grad_norm ? a.inv_scale * a.max_grad_norm / norm : a.inv_scale;
+}
+
 template <typename T>
 void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList exp_avgs,
                 at::TensorList exp_avg_sqs, const Lamb& a) {
@@ -56,8 +75,9 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
   const size_t n = params.size();
   std::vector<int64_t> numels;
   for (const auto& p : params) numels.push_back(p.numel());
+  const double grad_mul = grad_multiplier<T>(grads, numels, a);
   auto math_of = [&](size_t t) {
-    return LambMath<T>{V(static_cast<M>(a.grad_mul)), V(static_cast<M>(a.weight_decay)), V(static_cast<M>(a.beta1)),
+    return LambMath<T>{V(static_cast<M>(grad_mul)), V(static_cast<M>(a.weight_decay)), V(static_cast<M>(a.beta1)),
                        V(static_cast<M>(a.beta3)),    V(static_cast<M>(a.beta2)),        V(static_cast<M>(1.0 - a.beta2)),
                        V(static_cast<M>(a.eps)),      V(static_cast<M>(a.c1[t])),        V(static_cast<M>(a.c2[t])),
                        a.weight_decay != 0.0,         a.decoupled};
@@ -78,33 +98,38 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
     });
     return;
   }
-  const auto sums = multi_tensor_sums<2>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-    const auto math = math_of(t);
-    V p2(0), u2(0);
-    for_each_block<T>(
-        begin, end,
-        [&](auto& p, auto& g, auto& m, auto& v) {
-          math.moments(p, g, m, v);
-          const V u = math.update(p, m, v);
-          p2 = at::vec::fmadd(p, p, p2);
-          u2 = at::vec::fmadd(u, u, u2);
-        },
-        cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
-    return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
-  });
-  for (size_t t = 0; t < n; ++t) {
-    const double pn = std::sqrt(sums[t][0]), un = std::sqrt(sums[t][1]);
-    double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
-    if (a.trust_clip) r = std::min(r, 1.0);
-    neg_lr[t] *= r;
+  for (const auto [first, last] : cache_ranges(numels, 4 * sizeof(T))) {
+    const std::vector<int64_t> range(numels.begin() + first, numels.begin() + last);
+    const auto sums = multi_tensor_sums<2>(range, [&](int64_t k, int64_t begin, int64_t end) {
+      const size_t t = first + k;
+      const auto math = math_of(t);
+      V p2(0), u2(0);
+      for_each_block<T>(
+          begin, end,
+          [&](auto& p, auto& g, auto& m, auto& v) {
+            math.moments(p, g, m, v);
+            const V u = math.update(p, m, v);
+            p2 = at::vec::fmadd(p, p, p2);
+            u2 = at::vec::fmadd(u, u, u2);
+          },
+          cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+      return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
+    });
+    for (size_t t = first; t < last; ++t) {
+      const double pn = std::sqrt(sums[t - first][0]), un = std::sqrt(sums[t - first][1]);
+      double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
+      if (a.trust_clip) r = std::min(r, 1.0);
+      neg_lr[t] *= r;
+    }
+    multi_tensor_apply(range, [&](int64_t k, int64_t begin, int64_t end) {
+      const size_t t = first + k;
+      const auto math = math_of(t);
+      const V step(static_cast<M>(neg_lr[t]));
+      for_each_block<T>(
+          begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
+          ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
+    });
   }
-  multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-    const auto math = math_of(t);
-    const V step(static_cast<M>(neg_lr[t]));
-    for_each_block<T>(
-        begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
-        ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
-  });
 }
 
 // Checks, the per-tensor step counters, and the update. per_tensor(t, step) fills a.c1/c2/lr[t].
@@ -139,14 +164,13 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   if (amp.skip || params.empty()) return;
-  double clip = 1.0;
-  if (max_grad_norm > 0.0 && global_grad_norm.has_value() && global_grad_norm->defined()) {
-    TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
-    const double norm = global_grad_norm->item<double>() * amp.inv_scale;
-    if (norm > max_grad_norm) clip = norm / max_grad_norm;
-  }
   Lamb a;
-  a.grad_mul = amp.inv_scale / clip;
+  a.inv_scale = amp.inv_scale;
+  a.max_grad_norm = max_grad_norm;
+  if (global_grad_norm.has_value() && global_grad_norm->defined()) {
+    TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
+    a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
+  }
   a.beta1 = beta1;
   a.beta2 = beta2;
   a.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
@@ -169,7 +193,7 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   if (amp.skip || params.empty()) return;
   Lamb a;
-  a.grad_mul = amp.inv_scale;
+  a.inv_scale = amp.inv_scale;
   a.beta1 = beta1;
   a.beta2 = beta2;
   a.beta3 = 1.0 - beta1;

@@ -22,12 +22,14 @@ struct Norms {
   double param, grad;
 };
 
-// ||p|| and ||g * inv_scale|| of every tensor, in one parallel pass over the bucket.
-std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at::Tensor>& grads, double inv_scale) {
+// ||p|| and ||g * inv_scale|| of the tensors of `range`, in one parallel pass.
+std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at::Tensor>& grads, double inv_scale,
+                                    TensorRange range) {
   std::vector<int64_t> numels;
-  for (const auto& p : params) numels.push_back(p.numel());
+  for (size_t t = range.begin; t < range.end; ++t) numels.push_back(params[t].numel());
   const auto sums = FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lars_norms", [&] {
-    return multi_tensor_sums<2>(numels, [&](int64_t t, int64_t begin, int64_t end) {
+    return multi_tensor_sums<2>(numels, [&](int64_t k, int64_t begin, int64_t end) {
+      const size_t t = range.begin + k;
       return std::array<double, 2>{sum_of_squares(cptr<scalar_t>(params[t]), begin, end),
                                    sum_of_squares(cptr<scalar_t>(grads[t]), begin, end)};
     });
@@ -39,6 +41,20 @@ std::vector<Norms> param_grad_norms(at::TensorList params, const std::vector<at:
 
 }  // namespace
 
+// Norms, then the SGD family update with the per-tensor numbers set(t, norms) chooses, range by
+// range (cache_ranges over p, g and the momentum buffer: the update finds p and g in the cache).
+template <typename Set>
+void two_passes(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
+                const c10::List<bool>& first_step, SgdFamily& args, double inv_scale, const Set& set) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  for (const TensorRange range : cache_ranges(numels, 3 * params[0].element_size())) {
+    const auto norms = param_grad_norms(params, grads, inv_scale, range);
+    for (size_t t = range.begin; t < range.end; ++t) set(t, norms[t - range.begin]);
+    sgd_family(params, grads, bufs, first_step, args, range);
+  }
+}
+
 void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs, const c10::List<bool>& first_step,
               double lr, double momentum, double dampening, double weight_decay, bool nesterov,
               double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
@@ -49,19 +65,16 @@ void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList buf
   const size_t n = params.size();
   SgdFamily args{Direction::kPlain, momentum, dampening, 0.0, nesterov, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr)};
-  if (weight_decay != 0.0 || always_adapt) {
-    const auto norms = param_grad_norms(params, grads, amp.inv_scale);
-    for (size_t t = 0; t < n; ++t) {
-      const auto [pn, gn] = norms[t];
-      if (pn > 0.0 && gn > 0.0) {
-        double r = trust_coefficient * pn / (gn + weight_decay * pn + eps);
-        if (trust_clip) r = std::min(r / lr, 1.0);
-        args.grad_mul[t] = amp.inv_scale * r;
-        args.weight_decay[t] = weight_decay * r;
-      }
+  if (weight_decay == 0.0 && !always_adapt) return sgd_family(params, grads, bufs, first_step, args, {0, n});
+  two_passes(params, grads, bufs, first_step, args, amp.inv_scale, [&](size_t t, Norms norms) {
+    const auto [pn, gn] = norms;
+    if (pn > 0.0 && gn > 0.0) {
+      double r = trust_coefficient * pn / (gn + weight_decay * pn + eps);
+      if (trust_clip) r = std::min(r / lr, 1.0);
+      args.grad_mul[t] = amp.inv_scale * r;
+      args.weight_decay[t] = weight_decay * r;
     }
-  }
-  sgd_family(params, grads, bufs, first_step, args);
+  });
 }
 
 void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
@@ -76,15 +89,12 @@ void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::Tenso
   SgdFamily args{Direction::kClamp, momentum, 0.0, kGradClamp, false, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
                  std::vector<double>(n, lr)};
-  if (lars) {
-    const auto norms = param_grad_norms(params, grads, amp.inv_scale);
-    for (size_t t = 0; t < n; ++t) {
-      const auto [pn, gn] = norms[t];
-      const double r = pn > 0.0 && gn > 0.0 ? eeta * pn / (gn + weight_decay * pn + epsilon) : 1.0;
-      args.lr[t] = lr * std::clamp(r, 0.0, kMaxTrustRatio);
-    }
-  }
-  sgd_family(params, grads, bufs, first_step, args);
+  if (!lars) return sgd_family(params, grads, bufs, first_step, args, {0, n});
+  two_passes(params, grads, bufs, first_step, args, amp.inv_scale, [&](size_t t, Norms norms) {
+    const auto [pn, gn] = norms;
+    const double r = pn > 0.0 && gn > 0.0 ? eeta * pn / (gn + weight_decay * pn + epsilon) : 1.0;
+    args.lr[t] = lr * std::clamp(r, 0.0, kMaxTrustRatio);
+  });
 }
 
 // The bucket twins: lists {params, momentum_buffers}; grads read from the params.

@@ -186,6 +186,28 @@ inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) 
   run_items(items, total, [&](int64_t k) { fn(items[k].tensor, items[k].begin, items[k].end); });
 }
 
+// Two-pass ops (norms first, then the update) run range by range: consecutive tensors whose
+// data (bytes_per_element over all streams) fits in the shared cache, so the second pass reads
+// what the first left there instead of memory. A tensor larger than that is a range of its own.
+constexpr int64_t kCacheBytes = 16 << 20;
+
+struct TensorRange {
+  size_t begin, end;
+};
+
+inline std::vector<TensorRange> cache_ranges(const std::vector<int64_t>& numels, int64_t bytes_per_element) {
+  std::vector<TensorRange> ranges;
+  for (size_t t = 0; t < numels.size();) {
+    const size_t begin = t;
+    int64_t bytes = numels[t++] * bytes_per_element;
+    while (t < numels.size() && bytes + numels[t] * bytes_per_element <= kCacheBytes) {
+      bytes += numels[t++] * bytes_per_element;
+    }
+    ranges.push_back({begin, t});
+  }
+  return ranges;
+}
+
 // Per-tensor sums of K quantities: fn(tensor_index, begin, end) returns an item's K partial sums;
 // they are added per tensor in item order after the parallel region, so the result does not
 // depend on the number of threads.

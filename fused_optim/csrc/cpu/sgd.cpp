@@ -50,14 +50,15 @@ struct SgdMath {
 
 template <typename T, Direction D>
 void sgd_family_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
-                      const c10::List<bool>& first_step, const SgdFamily& a) {
+                      const c10::List<bool>& first_step, const SgdFamily& a, TensorRange range) {
   using M = opmath_t<T>;
   using V = FVec<T>;
   const bool has_momentum = a.momentum != 0.0;
   std::vector<int64_t> numels;
-  numels.reserve(params.size());
-  for (const auto& p : params) numels.push_back(p.numel());
-  multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+  numels.reserve(range.end - range.begin);
+  for (size_t t = range.begin; t < range.end; ++t) numels.push_back(params[t].numel());
+  multi_tensor_apply(numels, [&](int64_t k, int64_t begin, int64_t end) {
+    const size_t t = range.begin + k;
     const SgdMath<T, D> math{V(static_cast<M>(a.grad_mul[t])),
                              V(static_cast<M>(a.weight_decay[t])),
                              V(static_cast<M>(a.momentum)),
@@ -97,16 +98,16 @@ std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, 
 }
 
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
-                const c10::List<bool>& first_step, const SgdFamily& args) {
-  if (params.empty()) return;
+                const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range) {
+  if (range.begin == range.end) return;
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
     switch (args.direction) {
       case Direction::kPlain:
-        return sgd_family_typed<scalar_t, Direction::kPlain>(params, grads, bufs, first_step, args);
+        return sgd_family_typed<scalar_t, Direction::kPlain>(params, grads, bufs, first_step, args, range);
       case Direction::kSign:
-        return sgd_family_typed<scalar_t, Direction::kSign>(params, grads, bufs, first_step, args);
+        return sgd_family_typed<scalar_t, Direction::kSign>(params, grads, bufs, first_step, args, range);
       case Direction::kClamp:
-        return sgd_family_typed<scalar_t, Direction::kClamp>(params, grads, bufs, first_step, args);
+        return sgd_family_typed<scalar_t, Direction::kClamp>(params, grads, bufs, first_step, args, range);
     }
   });
 }
@@ -125,7 +126,7 @@ void sgd_like(const char* op, Direction direction, at::TensorList params, at::Te
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
                  std::vector<double>(n, weight_decay), std::vector<double>(n, lr)};
-  sgd_family(params, grads, bufs, first_step, args);
+  sgd_family(params, grads, bufs, first_step, args, {0, n});
 }
 
 }  // namespace

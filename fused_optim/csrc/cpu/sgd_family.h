@@ -8,6 +8,8 @@
 // (sgd_, sign_sgd_, lars_, colossal_lars_) call it after their own checks.
 #pragma once
 
+#include "multi_tensor.h"
+
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 
@@ -29,8 +31,8 @@ std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, 
                                          at::TensorList momentum_buffers, const c10::List<bool>& first_step,
                                          double momentum);
 
-// The update, on inputs already checked by check_sgd_inputs.
+// The update of tensors [range.begin, range.end), on inputs already checked by check_sgd_inputs.
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList momentum_buffers,
-                const c10::List<bool>& first_step, const SgdFamily& args);
+                const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range);
 
 }  // namespace fused_optim
