@@ -7,7 +7,6 @@
 #include "multi_tensor.h"
 #include "ops.h"
 
-
 #include <cmath>
 
 namespace fused_optim {

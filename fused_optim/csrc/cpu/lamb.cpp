@@ -8,14 +8,14 @@
 //   p <- p - lr[t]*r[t]*u
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
 // order, see multi_tensor_sums); pass 2 recomputes u from the stored m, v and the untouched p and
-// updates p. So no host sync per tensor and no scratch buffer: the data is read twice.
+// updates p. So no host sync per tensor and no scratch buffer: the data is read twice, and the
+// two passes go range by range (cache_ranges) so the second finds m, v and p in the cache.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
 #include "bucket.h"
 #include "multi_tensor.h"
 #include "ops.h"
-
 
 #include <algorithm>
 #include <cmath>

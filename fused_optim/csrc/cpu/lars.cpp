@@ -1,6 +1,7 @@
 // Layer-wise adaptive SGD: a pass computing every tensor's ||p|| and ||g|| (fixed-order sums, see
 // multi_tensor_sums), per-tensor trust ratios on the host, then the SGD family kernel with
-// per-tensor numbers (sgd_family.h). No host sync per tensor: both passes cover the whole bucket.
+// per-tensor numbers (sgd_family.h), range by range (cache_ranges: the update finds p and g in
+// the cache). No host sync per tensor: each pass is one parallel region over its range.
 //   lars_          quadra LARS (+ timm's trust_clip / always_adapt), fused_optim/lars.py:
 //                  r = tc*||p||/(||g|| + wd*||p|| + eps) (trust_clip: min(r/lr, 1)) when
 //                  (wd != 0 or always_adapt) and both norms are non-zero: d = (g + wd*p)*r; else d = g
@@ -10,7 +11,6 @@
 #include "multi_tensor.h"
 #include "ops.h"
 #include "sgd_family.h"
-
 
 #include <algorithm>
 #include <cmath>

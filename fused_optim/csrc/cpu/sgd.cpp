@@ -6,7 +6,6 @@
 #include "ops.h"
 #include "sgd_family.h"
 
-
 namespace fused_optim {
 namespace {
 
