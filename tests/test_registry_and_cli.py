@@ -66,5 +66,11 @@ def test_bench_writes_json_and_markdown(tmp_path):
     data = json.loads((tmp_path / "bench.json").read_text())
     variants = {(r["optimizer"], r["dtype"], r["variant"]) for r in data["rows"]}
     assert ("adamw", "bfloat16", "torch fused") in variants and ("sgd", "float32", "fused_optim") in variants
+    assert {("lamb", "float32", "fused_optim"), ("lars", "bfloat16", "fused_optim"),
+            ("norm", "float32", "fused_optim")} <= variants
+    if data["timm"]:  # installed by `make install`; optional elsewhere
+        assert ("lamb", "float32", "timm foreach") in variants and ("lars", "float32", "timm single") in variants
     assert all(r["ms_per_step"] > 0 and r["fraction_of_probe"] > 0 for r in data["rows"])
+    lamb = next(r for r in data["rows"] if r["optimizer"] == "lamb" and r["variant"] == "fused_optim")
+    assert lamb["time_vs_fused_adam"] > 0
     assert "| sgd | float32 | 200 tensors / 1M | fused_optim |" in (tmp_path / "bench.md").read_text()
