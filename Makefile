@@ -15,6 +15,7 @@ install: $(PY)
 	$(PIP) "setuptools>=64" wheel
 	$(PIP) --no-build-isolation ".[all]"
 	$(PIP) --no-deps "timm==1.0.31"  # bench peers (Lamb, Lars); no-deps: never torchvision or another torch
+	$(PIP) --no-deps "fairscale==0.4.13"  # AdaScale's numerical reference in the tests; no-deps: keeps torch
 
 # pytest from the venv's bin (not `python -m pytest`) so tests import the installed package.
 test: install

@@ -10,6 +10,7 @@ See README.md for the algorithms, the ``fused`` flag and the environment variabl
 from . import _ops  # noqa: F401  (defines the op schemas)
 from ._build import build_error, is_available
 from .adam import FusedAdam
+from .adascale import AdaScale
 from .lamb import FusedLAMB, Lamb
 from .lars import LARS, Lars
 from .norm import multi_tensor_l2norm
@@ -20,6 +21,7 @@ from .sign_sgd import SignSGD
 from .sparsified_sgd import SparsifiedSGD
 
 __all__ = [
+    "AdaScale",
     "LARS",
     "FusedAdam",
     "FusedLAMB",

@@ -1,0 +1,328 @@
+"""AdaScale: gain-driven learning-rate scaling for large-batch training (fairscale's API and numerics,
+robust to real training loops)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .norm import multi_tensor_l2norm
+
+_SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
+
+
+class AdaScale(torch.optim.Optimizer):
+    r"""Wraps any optimizer and multiplies each group's lr, for its step, by the AdaScale gain.
+
+    Statistics (Johnson et al., "AdaScale SGD", ICML 2020; fairscale's estimator). N world size,
+    c the backward passes of the window, cN = N·c, S the scale (default N·c), β the smoothing
+    (default max(1 − N·c/1000, 0)). Per group k::
+
+        local[k]  = Σ over micro-batches and ranks of Σ_p ‖g_micro(p)‖²   (before DDP averaging and
+                    before accumulation into .grad; one all-reduce per step)
+        total[k]  = Σ_p ‖p.grad‖²
+        c > 1:      is_scaled_loss: local ·= c²      else: total /= c²
+        var = local·(S/cN)/(cN − 1) − total·S/(cN − 1) ;  sqr = total − var/S
+        var ← max(var, 1e−6) ; sqr ← max(sqr, 0)
+        EWMA of sqr and var with β (debias_ewma: bias-corrected; else a plain mean for the
+        first 1/(1 − β) windows, then the EWMA)
+        gain(k) = (var_k + sqr_k) / (var_k/S + sqr_k)   (gain(): var and sqr summed over groups)
+        step():     lr_k ← lr_k·gain(k) for the inner step, then restored exactly;  τ += gain()
+
+    Where fairscale breaks in real loops, this one does not:
+
+    * ``step(closure)`` runs the closure first (it may hold the window's last backward), then
+      finalises the window from the backward passes actually seen: a short last window of an
+      epoch (c' < c) uses c' in the formulas (and S·c'/c as its scale); a window with N·c' = 1
+      cannot estimate a variance and keeps the averages.
+    * Under ``torch.amp.GradScaler`` (``_step_supports_amp_scaling``: the scaler hands over
+      ``grad_scale`` / ``found_inf``) both sums are divided by the scale², the inner optimizer
+      gets the grads unscaled (inside its kernel for fused_optim optimizers), and an overflow
+      window changes nothing: no statistics, no step, no τ. Non-finite statistics are skipped.
+    * Frozen params and params without grads are fine; norms use the multi-tensor norm kernel.
+    * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
+      including a window in progress, the scale, smoothing, accumulation count and τ.
+    * No ``__del__``: the hooks go only with :meth:`unhook` (Lightning discards optimizer
+      wrappers, and a ``__del__`` there would remove the live hooks).
+
+    ``scale_invariant_steps`` is τ, the scale-invariant iteration count (Σ of gains).
+
+    Args:
+        optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
+        world_size: N (default: the process group's size, or 1).
+        scale: S (default N·c).
+        smoothing: β (default max(1 − N·c/1000, 0)).
+        num_gradients_to_accumulate: c, backward passes per step.
+        is_scaled_loss: whether each micro-batch loss was divided by c.
+        debias_ewma: bias-corrected EWMA (fairscale's default) or the paper's Appendix B.3.
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
+                 smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
+                 debias_ewma: bool = True):
+        self._optimizer = optimizer
+        self._world_size = world_size if world_size is not None else (
+            dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        self._is_scaled_loss = is_scaled_loss
+        self._debias_ewma = debias_ewma
+        self._hooks: list = []
+        self._micro: list[tuple[int, Tensor]] = []  # (group, grad) of the running backward pass
+        self._callback_queued = False
+        self._backwards = 0  # backward passes of the current window
+        self._local = torch.zeros(len(self.param_groups), dtype=torch.float64)
+        self._avg: dict[str, Tensor] = {_SQR: torch.ones(len(self.param_groups), dtype=torch.float64),
+                                        _VAR: torch.zeros(len(self.param_groups), dtype=torch.float64)}
+        self.scale_invariant_steps = 0.0
+        self.set_num_gradients_to_accumulate(num_gradients_to_accumulate, update_smoothing=True)
+        if smoothing is not None:
+            self._smoothing = float(smoothing)
+        if self._world_size * self._accum <= 1:
+            raise RuntimeError(
+                "AdaScale needs world_size * num_gradients_to_accumulate > 1: it estimates the gradient "
+                "variance from several micro-batches (use DDP with more ranks, or accumulate gradients)"
+            )
+        self._scale = float(self._world_size * self._accum if scale is None else scale)
+        if self._scale < 1:
+            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
+        self._hook()
+
+    # ---- hooks: per-micro-batch local norms --------------------------------------------------
+    def _hook(self) -> None:
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._hooks.append(p.register_hook(functools.partial(self._on_grad, gi)))
+
+    def unhook(self) -> None:
+        """Remove the gradient hooks (AdaScale then sees no backward pass)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _on_grad(self, gi: int, grad: Tensor) -> None:
+        self._micro.append((gi, grad))
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """One backward pass done: add its squared grad norms per group (one kernel call)."""
+        self._callback_queued = False
+        micro, self._micro = self._micro, []
+        if micro:
+            norms = multi_tensor_l2norm([g for _, g in micro], per_tensor=True)[1].double()
+            index = torch.tensor([gi for gi, _ in micro])
+            self._local.index_add_(0, index, norms.square())
+        self._backwards += 1
+
+    # ---- the gain ------------------------------------------------------------------------------
+    @property
+    def scale(self) -> float:
+        return self._scale
+
+    @property
+    def smoothing(self) -> float:
+        return self._smoothing
+
+    def gain(self, pg_idx: int | None = None, scale: float | None = None) -> float:
+        """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups."""
+        var, sqr = self._avg[_VAR], self._avg[_SQR]
+        var, sqr = (float(var.sum()), float(sqr.sum())) if pg_idx is None else (float(var[pg_idx]), float(sqr[pg_idx]))
+        s = self._scale if scale is None else scale
+        return (var + sqr) / (var / s + sqr)
+
+    def set_scale(self, scale: float, update_estimate: bool = True) -> None:
+        """New S; the variance averages (and their accumulators) are rescaled by S_old/S_new."""
+        self._outside_window("set_scale")
+        if scale < 1:
+            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
+        if update_estimate:
+            for name in (_VAR, _VAR + "_biased", _VAR + "_total"):
+                if name in self._avg:
+                    self._avg[name] *= self._scale / scale
+        self._scale = float(scale)
+
+    def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
+        """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
+        self._outside_window("set_num_gradients_to_accumulate")
+        if not (isinstance(num_gradients_to_accumulate, int) and num_gradients_to_accumulate >= 1):
+            raise ValueError(f"Invalid num_gradients_to_accumulate: {num_gradients_to_accumulate} (an int >= 1)")
+        self._accum = num_gradients_to_accumulate
+        if update_smoothing:
+            self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
+
+    def _outside_window(self, what: str) -> None:
+        if self._backwards or self._micro:
+            raise RuntimeError(
+                f"AdaScale.{what} was called inside an accumulation window ({self._backwards} backward passes "
+                "since the last step); call it right after step()"
+            )
+
+    # ---- step ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """Run the closure, finalise the window's statistics, step the inner optimizer with each
+        group's lr multiplied by its gain; returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        skipped = found_inf is not None and float(found_inf) != 0
+        scale = self._scale * min(self._backwards, self._accum) / self._accum if self._backwards else self._scale
+        if not skipped and self._backwards:
+            self._update_statistics(grad_scale, scale)
+        self._local.zero_()
+        self._backwards = 0
+        if skipped:
+            return loss
+        gains = [self.gain(gi, scale) for gi in range(len(self.param_groups))]
+        lrs = [group["lr"] for group in self.param_groups]
+        for group, g in zip(self.param_groups, gains):
+            group["lr"] = group["lr"] * g
+        try:
+            self._inner_step(grad_scale, found_inf)
+        finally:
+            for group, lr in zip(self.param_groups, lrs):
+                group["lr"] = lr
+        self.scale_invariant_steps += self.gain(scale=scale)
+        return loss
+
+    def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        inner = self._optimizer
+        if grad_scale is None:
+            inner.step()
+        elif getattr(inner, "_step_supports_amp_scaling", False):
+            inner.grad_scale, inner.found_inf = grad_scale, found_inf
+            try:
+                inner.step()
+            finally:
+                del inner.grad_scale, inner.found_inf
+        else:  # an optimizer that expects unscaled grads
+            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / float(grad_scale))
+            inner.step()
+
+    def _update_statistics(self, grad_scale: Tensor | None, scale: float) -> None:
+        c = self._backwards
+        local = self._local.clone()
+        if self._world_size > 1:
+            dist.all_reduce(local)
+        total = self._group_sums([[p.grad for p in g["params"] if p.grad is not None] for g in self.param_groups])
+        if grad_scale is not None:
+            inv = 1.0 / float(grad_scale) ** 2
+            local, total = local * inv, total * inv
+        if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
+            if self._is_scaled_loss:
+                local *= self._accum**2
+                total *= (self._accum / c) ** 2
+            else:
+                total /= c**2
+        cn = self._world_size * c
+        if cn <= 1:
+            return
+        var = local * (scale / cn) / (cn - 1) - total * scale / (cn - 1)
+        sqr = total - var / scale
+        var, sqr = var.clamp(min=1e-6), sqr.clamp(min=0.0)
+        if not (torch.isfinite(var).all() and torch.isfinite(sqr).all()):
+            return
+        self._update_avg(_SQR, sqr)
+        self._update_avg(_VAR, var)
+
+    @staticmethod
+    def _group_sums(groups: list[list[Tensor]]) -> Tensor:
+        flat = [t for g in groups for t in g]
+        out = torch.zeros(len(groups), dtype=torch.float64)
+        if flat:
+            norms = multi_tensor_l2norm(flat, per_tensor=True)[1].double()
+            index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g])
+            out.index_add_(0, index, norms.square())
+        return out
+
+    def _update_avg(self, name: str, value: Tensor) -> None:
+        beta = self._smoothing
+        if self._debias_ewma:
+            biased = beta * self._avg.get(name + "_biased", torch.zeros_like(value)) + (1 - beta) * value
+            unbias = beta * self._avg.get(name + "_unbias", torch.zeros_like(value)) + (1 - beta)
+            self._avg[name + "_biased"], self._avg[name + "_unbias"] = biased, unbias
+            self._avg[name] = biased / unbias
+            return
+        count = self._avg.get(name + "_count", torch.zeros(1, dtype=torch.float64)) + 1
+        self._avg[name + "_count"] = count
+        if float(count) < 1 / (1 - beta):
+            total = self._avg.get(name + "_total", torch.zeros_like(value)) + value
+            self._avg[name + "_total"] = total
+            self._avg[name] = total / count
+        else:
+            self._avg[name] = beta * self._avg[name] + (1 - beta) * value
+
+    # ---- optimizer API ---------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        if set_to_none is None:
+            self._optimizer.zero_grad()
+        else:
+            self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._outside_window("add_param_group")
+        self._optimizer.add_param_group(param_group)
+        for name, value in self._avg.items():
+            if not name.endswith("_count"):
+                fill = 1.0 if name == _SQR else 0.0
+                self._avg[name] = torch.cat([value, torch.full((1,), fill, dtype=torch.float64)])
+        self._local = torch.cat([self._local, torch.zeros(1, dtype=torch.float64)])
+        self.unhook()
+        self._hook()
+
+    # The inner optimizer's, always (its load_state_dict replaces its param_groups list).
+    @property
+    def param_groups(self) -> list[dict]:
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        self._optimizer.param_groups = groups
+
+    @property
+    def defaults(self) -> dict:
+        return self._optimizer.defaults
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only."""
+        return {**self._optimizer.state_dict(), "adascale": {
+            **{name: value.clone() for name, value in self._avg.items()},
+            "local": self._local.clone(), "backwards": self._backwards, "scale": self._scale,
+            "smoothing": self._smoothing, "num_gradients_to_accumulate": self._accum,
+            "scale_invariant_steps": self.scale_invariant_steps,
+        }}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        saved = dict(state_dict.pop("adascale"))
+        self._optimizer.load_state_dict(state_dict)
+        self._local = saved.pop("local").clone()
+        self._backwards = int(saved.pop("backwards"))
+        self._scale = float(saved.pop("scale"))
+        self._smoothing = float(saved.pop("smoothing"))
+        self._accum = int(saved.pop("num_gradients_to_accumulate"))
+        self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
+        self._avg = {name: value.clone() for name, value in saved.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else comes from the wrapped optimizer."""
+        if name == "_optimizer":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"AdaScale(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
