@@ -27,6 +27,13 @@ def micro_batch(step: int, micro: int):
     return x, torch.sin(x[:, :4] * 3) + 0.3 * torch.randn(4, 4, generator=gen)
 
 
+def backward_window(model, step: int, accum: int, passes: int | None = None) -> None:
+    """The window's backward passes (``passes``, default ``accum``) of losses divided by accum."""
+    for m in range(accum if passes is None else passes):
+        x, y = micro_batch(step, m)
+        (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
+
+
 def train(wrap, accum=2, is_scaled_loss=True, two_groups=False, changes=None, add_group_at=None, steps=STEPS):
     """Plain accumulation loop; `changes[step](opt)` runs after that step. Returns the trace of
     (pooled gain, per-group gains, params) after every step."""
@@ -116,9 +123,7 @@ def test_effective_lr_is_lr_times_gain_and_restored():
     model, groups = model_and_groups(two_groups=True)
     opt = AdaScale(Spy(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=2)
     for step in range(5):
-        for m in range(2):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        backward_window(model, step, 2)
         opt.step()
         opt.zero_grad()
         assert seen[-1] == pytest.approx([0.1 * opt.gain(0), 0.05 * opt.gain(1)], rel=1e-12)
@@ -130,9 +135,7 @@ def test_tau_is_the_sum_of_gains():
     opt = AdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=2)
     total = 0.0
     for step in range(6):
-        for m in range(2):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        backward_window(model, step, 2)
         opt.step()
         total += opt.gain()
         opt.zero_grad()
@@ -171,9 +174,7 @@ def test_short_last_window_uses_the_backward_passes_seen():
     model, groups = model_and_groups(two_groups=False)
     opt = AdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=4)
     for step, micro in enumerate([4, 4, 3, 4, 1]):  # an epoch ending with 3, then with 1 backward
-        for m in range(micro):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / 4).backward()
+        backward_window(model, step, 4, micro)
         before = opt.state_dict()["adascale"]
         opt.step()
         opt.zero_grad()
@@ -189,9 +190,7 @@ def test_short_last_window_uses_the_backward_passes_seen():
     ref = FairscaleAdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=4)
     with pytest.raises(AssertionError):
         for step, micro in enumerate([3, 4]):
-            for m in range(micro):
-                x, y = micro_batch(step, m)
-                (torch.nn.functional.mse_loss(model(x), y) / 4).backward()
+            backward_window(model, step, 4, micro)
             ref.step()
             ref.zero_grad()
 
@@ -204,9 +203,7 @@ def test_frozen_params_and_params_without_grads():
                    world_size=1, num_gradients_to_accumulate=2)
     frozen = model[0].weight.detach().clone()
     for step in range(3):
-        for m in range(2):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        backward_window(model, step, 2)
         opt.step()
         opt.zero_grad()
     assert torch.equal(model[0].weight, frozen) and torch.equal(extra.detach(), torch.ones(3))
@@ -301,9 +298,7 @@ def test_lr_scheduler_binds_to_it():
     opt = AdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
     for step in range(2):
-        for m in range(2):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        backward_window(model, step, 2)
         opt.step()
         sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
