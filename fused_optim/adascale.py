@@ -115,10 +115,7 @@ class AdaScale(torch.optim.Optimizer):
         """One backward pass done: add its squared grad norms per group (one kernel call)."""
         self._callback_queued = False
         micro, self._micro = self._micro, []
-        if micro:
-            norms = multi_tensor_l2norm([g for _, g in micro], per_tensor=True)[1].double()
-            index = torch.tensor([gi for gi, _ in micro])
-            self._local.index_add_(0, index, norms.square())
+        self._local += self._squares_by_group(micro)
         self._backwards += 1
 
     # ---- the gain ------------------------------------------------------------------------------
@@ -214,7 +211,8 @@ class AdaScale(torch.optim.Optimizer):
         local = self._local.clone()
         if self._world_size > 1:
             dist.all_reduce(local)
-        total = self._group_sums([[p.grad for p in g["params"] if p.grad is not None] for g in self.param_groups])
+        total = self._squares_by_group([(gi, p.grad) for gi, g in enumerate(self.param_groups)
+                                        for p in g["params"] if p.grad is not None])
         if grad_scale is not None:
             inv = 1.0 / float(grad_scale) ** 2
             local, total = local * inv, total * inv
@@ -235,14 +233,12 @@ class AdaScale(torch.optim.Optimizer):
         self._update_avg(_SQR, sqr)
         self._update_avg(_VAR, var)
 
-    @staticmethod
-    def _group_sums(groups: list[list[Tensor]]) -> Tensor:
-        flat = [t for g in groups for t in g]
-        out = torch.zeros(len(groups), dtype=torch.float64)
-        if flat:
-            norms = multi_tensor_l2norm(flat, per_tensor=True)[1].double()
-            index = torch.tensor([gi for gi, g in enumerate(groups) for _ in g])
-            out.index_add_(0, index, norms.square())
+    def _squares_by_group(self, tensors: list[tuple[int, Tensor]]) -> Tensor:
+        """Σ‖t‖² per param group of (group index, tensor) pairs, in float64: one kernel call."""
+        out = torch.zeros(len(self.param_groups), dtype=torch.float64)
+        if tensors:
+            norms = multi_tensor_l2norm([t for _, t in tensors], per_tensor=True)[1].double()
+            out.index_add_(0, torch.tensor([gi for gi, _ in tensors]), norms.square())
         return out
 
     def _update_avg(self, name: str, value: Tensor) -> None:
