@@ -13,7 +13,7 @@ from .adam import FusedAdam
 from .adascale import AdaScale
 from .lamb import FusedLAMB, Lamb
 from .lars import LARS, Lars
-from .norm import multi_tensor_l2norm
+from .norm import multi_tensor_l2norm, sum_squares_
 from .optimizer import FusedOptimizer
 from .registry import create_optimizer, list_optimizers
 from .sgd import FusedSGD
@@ -36,5 +36,6 @@ __all__ = [
     "is_available",
     "list_optimizers",
     "multi_tensor_l2norm",
+    "sum_squares_",
 ]
 __version__ = "0.1.0"

@@ -28,6 +28,8 @@ eager steps, never traced; ``torch.compile`` uses the list ops.
 norms inside the kernel, without a host sync per tensor. ``lamb_`` clips with
 ``global_grad_norm`` (the norm over all groups' grads, a tensor), or when it is None with the norm
 of the grads it was given (the optimizer passes None when one call holds every grad).
+``sum_squares_(sums, tensors, index)`` adds Σx² of ``tensors[i]`` to ``sums[index[i]]`` (float64):
+AdaScale's per-group sums of squared gradient norms.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ def _l2norm_fake(tensors):
     return torch.empty((), dtype=dtype, device=device), torch.empty(len(tensors), dtype=dtype, device=device)
 
 
+_lib.define("sum_squares_(Tensor(a!) sums, Tensor[] tensors, int[] index) -> ()")
+torch.library.register_fake("fused_optim::sum_squares_", _fake, lib=_lib)
 _lib.define("bucket_free(int bucket) -> ()")
 
 

@@ -230,3 +230,9 @@ def l2norm(tensors) -> tuple[Tensor, Tensor]:
     for i, t in enumerate(tensors):
         per_tensor[i] = torch.linalg.vector_norm(t, dtype=torch.float64)
     return torch.linalg.vector_norm(per_tensor).to(dtype), per_tensor.to(dtype)
+
+
+def sum_squares_(sums: Tensor, tensors, index) -> None:
+    """sums[index[i]] += Σ tensors[i]² (float64 sums, added in tensor order)."""
+    for i, t in zip(index, tensors):
+        sums[i] += torch.linalg.vector_norm(t, dtype=torch.float64).square()

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .norm import multi_tensor_l2norm
+from .norm import sum_squares_
 
 _SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
 
@@ -59,23 +59,26 @@ class AdaScale(torch.optim.Optimizer):
         num_gradients_to_accumulate: c, backward passes per step.
         is_scaled_loss: whether each micro-batch loss was divided by c.
         debias_ewma: bias-corrected EWMA (fairscale's default) or the paper's Appendix B.3.
+        grad_scaler: the ``torch.amp.GradScaler``, needed only when the loop calls
+            ``scaler.unscale_(optimizer)`` before ``scaler.step`` (e.g. to clip): the micro-batch
+            norms were taken on scaled grads, and then only the scaler knows the scale.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
-                 debias_ewma: bool = True):
+                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
         self._optimizer = optimizer
+        self._grad_scaler = grad_scaler
         self._world_size = world_size if world_size is not None else (
             dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
-        self._micro: list[tuple[int, Tensor]] = []  # (group, grad) of the running backward pass
-        self._callback_queued = False
+        self._in_backward = False  # a hook fired and the end-of-backward callback is queued
         self._backwards = 0  # backward passes of the current window
-        self._local = torch.zeros(len(self.param_groups), dtype=torch.float64)
+        self._local = self._zeros()
         self._avg: dict[str, Tensor] = {_SQR: torch.ones(len(self.param_groups), dtype=torch.float64),
                                         _VAR: torch.zeros(len(self.param_groups), dtype=torch.float64)}
         self.scale_invariant_steps = 0.0
@@ -106,16 +109,17 @@ class AdaScale(torch.optim.Optimizer):
         self._hooks = []
 
     def _on_grad(self, gi: int, grad: Tensor) -> None:
-        self._micro.append((gi, grad))
-        if not self._callback_queued:
-            self._callback_queued = True
+        """Add ‖grad‖² to the group's sum while the micro-batch grad is in cache. (Keeping the
+        grads for one batched call at the end of the backward costs more: autograd then copies
+        the first micro-batch's grads instead of moving them into ``.grad``, and the allocator
+        cannot reuse their memory.)"""
+        sum_squares_(self._local, [grad], [gi])
+        if not self._in_backward:
+            self._in_backward = True
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
-        """One backward pass done: add its squared grad norms per group (one kernel call)."""
-        self._callback_queued = False
-        micro, self._micro = self._micro, []
-        self._local += self._squares_by_group(micro)
+        self._in_backward = False
         self._backwards += 1
 
     # ---- the gain ------------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class AdaScale(torch.optim.Optimizer):
             self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
 
     def _outside_window(self, what: str) -> None:
-        if self._backwards or self._micro:
+        if self._backwards or self._in_backward:
             raise RuntimeError(
                 f"AdaScale.{what} was called inside an accumulation window ({self._backwards} backward passes "
                 "since the last step); call it right after step()"
@@ -174,9 +178,8 @@ class AdaScale(torch.optim.Optimizer):
         skipped = found_inf is not None and float(found_inf) != 0
         scale = self._scale * min(self._backwards, self._accum) / self._accum if self._backwards else self._scale
         if not skipped and self._backwards:
-            self._update_statistics(grad_scale, scale)
-        self._local.zero_()
-        self._backwards = 0
+            self._update_statistics(*self._loss_scales(grad_scale, found_inf), scale)
+        self._reset_window()
         if skipped:
             return loss
         gains = [self.gain(gi, scale) for gi in range(len(self.param_groups))]
@@ -190,6 +193,26 @@ class AdaScale(torch.optim.Optimizer):
                 group["lr"] = lr
         self.scale_invariant_steps += self.gain(scale=scale)
         return loss
+
+    def _loss_scales(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
+        """The loss scales that the micro-batch grads and ``.grad`` carry: the scaler's
+        ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
+        ``grad_scaler``'s for the micro-batches and 1 for ``.grad``."""
+        if grad_scale is not None:
+            return float(grad_scale), float(grad_scale)
+        if found_inf is None:
+            return 1.0, 1.0
+        if self._grad_scaler is None:
+            raise RuntimeError(
+                "AdaScale.step: the grads were unscaled before step() (scaler.unscale_(optimizer)), but "
+                "AdaScale's micro-batch norms were taken on the scaled grads; pass the scaler, "
+                "AdaScale(optimizer, ..., grad_scaler=scaler), or let scaler.step() unscale"
+            )
+        return float(self._grad_scaler.get_scale()), 1.0
+
+    def _reset_window(self) -> None:
+        self._local.zero_()
+        self._backwards = 0
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         inner = self._optimizer
@@ -206,16 +229,15 @@ class AdaScale(torch.optim.Optimizer):
             torch._foreach_mul_(grads, 1.0 / float(grad_scale))
             inner.step()
 
-    def _update_statistics(self, grad_scale: Tensor | None, scale: float) -> None:
+    def _update_statistics(self, micro_scale: float, grad_scale: float, scale: float) -> None:
         c = self._backwards
         local = self._local.clone()
         if self._world_size > 1:
             dist.all_reduce(local)
-        total = self._squares_by_group([(gi, p.grad) for gi, g in enumerate(self.param_groups)
-                                        for p in g["params"] if p.grad is not None])
-        if grad_scale is not None:
-            inv = 1.0 / float(grad_scale) ** 2
-            local, total = local * inv, total * inv
+        grads = [(gi, p.grad) for gi, g in enumerate(self.param_groups) for p in g["params"] if p.grad is not None]
+        total = self._zeros()
+        sum_squares_(total, [g for _, g in grads], [gi for gi, _ in grads])
+        local, total = local.cpu() / micro_scale**2, total.cpu() / grad_scale**2
         if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
             if self._is_scaled_loss:
                 local *= self._accum**2
@@ -233,13 +255,10 @@ class AdaScale(torch.optim.Optimizer):
         self._update_avg(_SQR, sqr)
         self._update_avg(_VAR, var)
 
-    def _squares_by_group(self, tensors: list[tuple[int, Tensor]]) -> Tensor:
-        """Σ‖t‖² per param group of (group index, tensor) pairs, in float64: one kernel call."""
-        out = torch.zeros(len(self.param_groups), dtype=torch.float64)
-        if tensors:
-            norms = multi_tensor_l2norm([t for _, t in tensors], per_tensor=True)[1].double()
-            out.index_add_(0, torch.tensor([gi for gi, _ in tensors]), norms.square())
-        return out
+    def _zeros(self) -> Tensor:
+        """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
 
     def _update_avg(self, name: str, value: Tensor) -> None:
         beta = self._smoothing
@@ -260,10 +279,13 @@ class AdaScale(torch.optim.Optimizer):
 
     # ---- optimizer API ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Zero the grads and start a new window: statistics of backward passes that no step()
+        consumed (a window the loop abandoned) are dropped with their grads."""
         if set_to_none is None:
             self._optimizer.zero_grad()
         else:
             self._optimizer.zero_grad(set_to_none=set_to_none)
+        self._reset_window()
 
     def add_param_group(self, param_group: dict) -> None:
         self._outside_window("add_param_group")
@@ -272,7 +294,7 @@ class AdaScale(torch.optim.Optimizer):
             if not name.endswith("_count"):
                 fill = 1.0 if name == _SQR else 0.0
                 self._avg[name] = torch.cat([value, torch.full((1,), fill, dtype=torch.float64)])
-        self._local = torch.cat([self._local, torch.zeros(1, dtype=torch.float64)])
+        self._local = self._zeros()
         self.unhook()
         self._hook()
 
@@ -306,7 +328,7 @@ class AdaScale(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         saved = dict(state_dict.pop("adascale"))
         self._optimizer.load_state_dict(state_dict)
-        self._local = saved.pop("local").clone()
+        self._local = saved.pop("local").to(self._local.device, copy=True)
         self._backwards = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))

@@ -1,4 +1,5 @@
-"""``multi_tensor_l2norm``: per-tensor and global L2 norms of a tensor list in one kernel pass."""
+"""The multi-tensor norm kernels: ``multi_tensor_l2norm`` (per-tensor and global L2 norms of a tensor
+list in one pass) and ``sum_squares_`` (per-group sums of squares, for AdaScale)."""
 
 from __future__ import annotations
 
@@ -29,29 +30,43 @@ def multi_tensor_l2norm(tensors: Iterable[Tensor], per_tensor: bool = False, *, 
         ``global_norm`` (0-dim tensor), or ``(global_norm, norms)`` with ``per_tensor=True``.
     """
     tensors = list(tensors)
-    if fused is not False and tensors:  # (no tensor: nothing for the dispatcher to pick a kernel by)
-        try:
-            _build.load()
-            result = _ops.op("l2norm")(tensors)
-            return result if per_tensor else result[0]
-        except _build.BuildError:
-            if fused:
-                raise
-            warnings.warn("multi_tensor_l2norm: the kernels did not build; using torch.linalg.vector_norm",
-                          stacklevel=2)
-        except NotImplementedError:  # the dispatcher found no kernel for these tensors
-            _refuse_or_warn(tensors, fused)
-    result = _reference.l2norm(tensors)
+    result = _kernel_or_reference("multi_tensor_l2norm", "l2norm", _reference.l2norm, fused, tensors, tensors)
     return result if per_tensor else result[0]
 
 
-def _refuse_or_warn(tensors: list[Tensor], fused: bool | None) -> None:
+def sum_squares_(sums: Tensor, tensors: list[Tensor], index: list[int], *, fused: bool | None = None) -> None:
+    r"""``sums[index[i]] += Σ tensors[i]²`` for every i: one pass over all tensors.
+
+    ``sums`` is a 1-D float64 tensor (say one entry per param group); squares accumulate as in
+    :func:`multi_tensor_l2norm` and are added in tensor order, independent of the thread count.
+    ``fused`` as there.
+    """
+    _kernel_or_reference("sum_squares_", "sum_squares_", _reference.sum_squares_, fused, tensors, sums, tensors, index)
+
+
+def _kernel_or_reference(name: str, op: str, reference, fused: bool | None, tensors: list[Tensor], *args):
+    """The op ``op(*args)`` when the build and the device of ``tensors`` allow, else
+    ``reference(*args)`` (with a warning, or an error under ``fused=True``). (Called once per
+    parameter by AdaScale's hooks: no closures here.)"""
+    if fused is not False and tensors:  # (no tensor: nothing for the dispatcher to pick a kernel by)
+        try:
+            _build.load()
+            return _ops.op(op)(*args)
+        except _build.BuildError:
+            if fused:
+                raise
+            warnings.warn(f"{name}: the kernels did not build; using the PyTorch reference", stacklevel=3)
+        except NotImplementedError:  # the dispatcher found no kernel for these tensors
+            _refuse_or_warn(name, tensors, fused)
+    return reference(*args)
+
+
+def _refuse_or_warn(name: str, tensors: list[Tensor], fused: bool | None) -> None:
     """Sparse tensors are never supported; other devices have no kernel yet (the reference runs)."""
     for i, t in enumerate(tensors):
         if t.layout is not torch.strided:
-            raise RuntimeError(f"multi_tensor_l2norm: tensors[{i}] is sparse; only dense tensors are supported")
+            raise RuntimeError(f"{name}: tensors[{i}] is sparse; only dense tensors are supported")
     devices = ", ".join(sorted({str(t.device) for t in tensors if t.device.type != "cpu"}))
     if fused:
-        raise RuntimeError(f"multi_tensor_l2norm(fused=True): no kernel for tensors on {devices} yet; pass fused=None")
-    warnings.warn(f"multi_tensor_l2norm: no kernel for tensors on {devices} yet; using torch.linalg.vector_norm",
-                  stacklevel=3)
+        raise RuntimeError(f"{name}(fused=True): no kernel for tensors on {devices} yet; pass fused=None")
+    warnings.warn(f"{name}: no kernel for tensors on {devices} yet; using the PyTorch reference", stacklevel=4)

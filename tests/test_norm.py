@@ -1,5 +1,6 @@
-"""fused_optim.multi_tensor_l2norm: equals torch.linalg.vector_norm per tensor and globally,
-independent of the thread count, on every dtype and odd shape."""
+"""The norm kernels: multi_tensor_l2norm equals torch.linalg.vector_norm per tensor and globally,
+sum_squares_ adds per-group sums of squares; both independent of the thread count, on every dtype
+and odd shape."""
 
 import pytest
 import torch
@@ -64,3 +65,45 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_opcheck():
     torch.library.opcheck(torch.ops.fused_optim.l2norm.default, ([torch.randn(5), torch.randn(4097).bfloat16()],))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+def test_sum_squares_adds_per_group_sums(fused):
+    ts = tensors()
+    index = [2, 0, 2, 1, 0, 2]
+    sums = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    fused_optim.sum_squares_(sums, ts, index, fused=fused)
+    squares = exact(ts)[1].square()
+    want = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64).index_add_(0, torch.tensor(index), squares)
+    torch.testing.assert_close(sums, want, rtol=2e-6, atol=0.0)
+
+
+def test_sum_squares_same_bits_with_one_and_two_threads():
+    ts = [t.float() for t in tensors()] + [torch.randn(1_000_000)]
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        sums = torch.zeros(2, dtype=torch.float64)
+        fused_optim.sum_squares_(sums, ts, [i % 2 for i in range(len(ts))], fused=True)
+        results.append(sums)
+    torch.set_num_threads(2)
+    assert torch.equal(results[0], results[1])
+
+
+def test_sum_squares_bad_inputs_raise_clear_errors_and_change_nothing():
+    sums = torch.zeros(2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="index has 1 entries for 2 tensors"):
+        fused_optim.sum_squares_(sums, [torch.ones(2), torch.ones(3)], [0], fused=True)
+    with pytest.raises(RuntimeError, match=r"index\[1\] = 2 is out of range for sums of size 2"):
+        fused_optim.sum_squares_(sums, [torch.ones(2), torch.ones(3)], [0, 2], fused=True)
+    with pytest.raises(RuntimeError, match="sums must be a contiguous 1-D float64 CPU tensor"):
+        fused_optim.sum_squares_(torch.zeros(2), [torch.ones(2)], [0], fused=True)
+    with pytest.raises(RuntimeError, match=r"tensors\[0\] has dtype Long"):
+        fused_optim.sum_squares_(sums, [torch.ones(2, dtype=torch.long)], [0], fused=True)
+    assert torch.equal(sums, torch.zeros(2, dtype=torch.float64))
+
+
+def test_sum_squares_opcheck():
+    sums = torch.zeros(3, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.fused_optim.sum_squares_.default,
+                          (sums, [torch.randn(5), torch.randn(4097).bfloat16()], [2, 0]))

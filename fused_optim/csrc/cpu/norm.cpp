@@ -1,9 +1,10 @@
-// fused_optim::l2norm: the L2 norm of every tensor of a list and of the whole list, in one
-// parallel pass. Squares are accumulated in the math type (fp32 for fp16/bf16) within a work item
-// and in double across items, tensors and the global sum, always in the same order: the result
-// does not depend on the number of threads. Tensors may have different floating dtypes.
-//   per_tensor[i] = sqrt(sum(x_i^2)) ; global = sqrt(sum_i per_tensor[i]^2)
-// Both results are float32, or float64 when any input is float64.
+// The norm ops, both on one parallel pass of per-tensor sums of squares. Squares are accumulated
+// in the math type (fp32 for fp16/bf16) within a work item and in double across items, tensors
+// and the global sum, always in the same order: results do not depend on the number of threads.
+// Tensors may have different floating dtypes.
+//   fused_optim::l2norm:        per_tensor[i] = sqrt(sum(x_i^2)) ; global = sqrt(sum_i per_tensor[i]^2)
+//                               (float32, or float64 when any input is float64)
+//   fused_optim::sum_squares_:  sums[index[i]] += sum(x_i^2)   (sums: float64, in tensor order)
 #include "multi_tensor.h"
 #include "ops.h"
 
@@ -12,36 +13,63 @@
 #include <cmath>
 
 namespace fused_optim {
+namespace {
 
-std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
+// sum(x^2) of every tensor, in double; `op` names the caller in errors.
+std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
   std::vector<at::Tensor> inputs;
   std::vector<int64_t> numels;
-  bool any_double = false;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& x = tensors[i];
-    TORCH_CHECK(x.device().is_cpu(), "fused_optim::l2norm: tensors[", i, "] is on ", x.device(),
+    TORCH_CHECK(x.device().is_cpu(), op, ": tensors[", i, "] is on ", x.device(),
                 "; the CPU kernel needs CPU tensors");
-    TORCH_CHECK(at::isFloatingType(x.scalar_type()), "fused_optim::l2norm: tensors[", i, "] has dtype ",
-                x.scalar_type(), "; only floating-point tensors are supported");
-    any_double = any_double || x.scalar_type() == at::kDouble;
+    TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": tensors[", i, "] has dtype ", x.scalar_type(),
+                "; only floating-point tensors are supported");
     inputs.push_back(x.contiguous());
     numels.push_back(x.numel());
   }
   const auto sums = multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim::l2norm", [&] {
+    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm", [&] {
       return std::array<double, 1>{sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end)};
     });
   });
-  at::Tensor per_tensor = at::empty({static_cast<int64_t>(sums.size())}, at::TensorOptions().dtype(at::kDouble));
+  std::vector<double> out(sums.size());
+  for (size_t i = 0; i < sums.size(); ++i) out[i] = sums[i][0];
+  return out;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
+  const auto squares = squares_per_tensor(tensors, "fused_optim::l2norm");
+  bool any_double = false;
+  for (const auto& x : tensors) any_double = any_double || x.scalar_type() == at::kDouble;
+  at::Tensor per_tensor = at::empty({static_cast<int64_t>(squares.size())}, at::TensorOptions().dtype(at::kDouble));
   at::Tensor global = at::empty({}, at::TensorOptions().dtype(at::kDouble));
   double total = 0.0;
-  for (size_t i = 0; i < sums.size(); ++i) {
-    total += sums[i][0];
-    ptr<double>(per_tensor)[i] = std::sqrt(sums[i][0]);
+  for (size_t i = 0; i < squares.size(); ++i) {
+    total += squares[i];
+    ptr<double>(per_tensor)[i] = std::sqrt(squares[i]);
   }
   *ptr<double>(global) = std::sqrt(total);
   if (!any_double) return {global.to(at::kFloat), per_tensor.to(at::kFloat)};
   return {global, per_tensor};
+}
+
+void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRef index) {
+  const char* op = "fused_optim::sum_squares_";
+  TORCH_CHECK(sums.device().is_cpu() && sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(),
+              op, ": sums must be a contiguous 1-D float64 CPU tensor, got ", sums.scalar_type(), " of shape ",
+              sums.sizes(), " on ", sums.device());
+  TORCH_CHECK(index.size() == tensors.size(), op, ": index has ", index.size(), " entries for ", tensors.size(),
+              " tensors; give one index per tensor");
+  for (size_t i = 0; i < index.size(); ++i) {
+    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
+                " is out of range for sums of size ", sums.numel());
+  }
+  const auto squares = squares_per_tensor(tensors, op);
+  double* out = ptr<double>(sums);
+  for (size_t i = 0; i < squares.size(); ++i) out[index[i]] += squares[i];
 }
 
 }  // namespace fused_optim

@@ -21,6 +21,7 @@ void bucket_free(int64_t bucket);
 
 // norm.cpp
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors);
+void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRef index);
 
 // sgd.cpp
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, const Flags& first_step,

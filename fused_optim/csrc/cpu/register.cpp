@@ -9,6 +9,7 @@ namespace fused_optim {
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("l2norm", &l2norm_cpu);
+  m.impl("sum_squares_", &sum_squares_cpu);
   m.impl("sgd_", &sgd_cpu);
   m.impl("sign_sgd_", &sign_sgd_cpu);
   m.impl("lars_", &lars_cpu);
