@@ -1,37 +1,14 @@
-"""AdaScale against fairscale 0.4.13 (the numerical reference), and where fairscale breaks in
-real training loops, that ours does not."""
-
-import io
+"""AdaScale against fairscale 0.4.13, the numerical reference (where fairscale breaks in real
+training loops: test_adascale_robustness.py; DDP and a fresh process: test_adascale_ddp.py)."""
 
 import pytest
 import torch
 from fairscale.optim.adascale import AdaScale as FairscaleAdaScale
 
-import fused_optim
+from adascale_loops import backward_window, micro_batch, model_and_groups
 from fused_optim import AdaScale
 
 STEPS = 30
-
-
-def model_and_groups(two_groups: bool):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    params = list(model.parameters())
-    groups = [{"params": params[:2]}, {"params": params[2:], "lr": 0.05}] if two_groups else [{"params": params}]
-    return model, groups
-
-
-def micro_batch(step: int, micro: int):
-    gen = torch.Generator().manual_seed(1000 * step + micro)
-    x = torch.randn(4, 8, generator=gen)
-    return x, torch.sin(x[:, :4] * 3) + 0.3 * torch.randn(4, 4, generator=gen)
-
-
-def backward_window(model, step: int, accum: int, passes: int | None = None) -> None:
-    """The window's backward passes (``passes``, default ``accum``) of losses divided by accum."""
-    for m in range(accum if passes is None else passes):
-        x, y = micro_batch(step, m)
-        (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
 
 
 def train(wrap, accum=2, is_scaled_loss=True, two_groups=False, changes=None, add_group_at=None, steps=STEPS):
@@ -140,157 +117,6 @@ def test_tau_is_the_sum_of_gains():
         total += opt.gain()
         opt.zero_grad()
     assert opt.scale_invariant_steps == pytest.approx(total, rel=1e-12)
-
-
-# ---- where fairscale breaks ---------------------------------------------------------------------
-def closure_loop(opt_factory, steps=4, accum=2):
-    """Lightning's pattern: the window's last backward runs inside step(closure)."""
-    model, groups = model_and_groups(two_groups=False)
-    opt = opt_factory(torch.optim.SGD(groups, lr=0.1))
-    for step in range(steps):
-        for m in range(accum - 1):
-            x, y = micro_batch(step, m)
-            (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
-
-        def closure(step=step):
-            x, y = micro_batch(step, accum - 1)
-            loss = torch.nn.functional.mse_loss(model(x), y) / accum
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        opt.zero_grad()
-    return opt
-
-
-def test_step_with_closure_runs_it_first():
-    ours = closure_loop(lambda inner: AdaScale(inner, world_size=1, num_gradients_to_accumulate=2))
-    assert ours.gain() > 1.0 and ours.scale_invariant_steps > 4.0
-    with pytest.raises(AssertionError, match="Don't step without finishing backward phase"):
-        closure_loop(lambda inner: FairscaleAdaScale(inner, world_size=1, num_gradients_to_accumulate=2))
-
-
-def test_short_last_window_uses_the_backward_passes_seen():
-    model, groups = model_and_groups(two_groups=False)
-    opt = AdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=4)
-    for step, micro in enumerate([4, 4, 3, 4, 1]):  # an epoch ending with 3, then with 1 backward
-        backward_window(model, step, 4, micro)
-        before = opt.state_dict()["adascale"]
-        opt.step()
-        opt.zero_grad()
-        after = opt.state_dict()["adascale"]
-        assert after["backwards"] == 0
-        if micro == 1:  # one micro-batch on one rank: no variance estimate, averages kept
-            assert torch.equal(before["grad_var_avg"], after["grad_var_avg"])
-        else:
-            assert not torch.equal(before["grad_var_avg"], after["grad_var_avg"])
-    assert all(torch.isfinite(p).all() for p in model.parameters()) and opt.gain() > 1.0
-    # fairscale asserts on the short window's next backward
-    model, groups = model_and_groups(two_groups=False)
-    ref = FairscaleAdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=4)
-    with pytest.raises(AssertionError):
-        for step, micro in enumerate([3, 4]):
-            backward_window(model, step, 4, micro)
-            ref.step()
-            ref.zero_grad()
-
-
-def test_frozen_params_and_params_without_grads():
-    model, _ = model_and_groups(two_groups=False)
-    model[0].weight.requires_grad_(False)
-    extra = torch.nn.Parameter(torch.ones(3))  # in the optimizer, never in the graph
-    opt = AdaScale(fused_optim.FusedSGD([*model.parameters(), extra], lr=0.1, momentum=0.9),
-                   world_size=1, num_gradients_to_accumulate=2)
-    frozen = model[0].weight.detach().clone()
-    for step in range(3):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
-    assert torch.equal(model[0].weight, frozen) and torch.equal(extra.detach(), torch.ones(3))
-    assert opt.gain() > 1.0
-
-
-def test_grad_scaler_divides_norms_by_the_scale_and_skips_overflow_windows():
-    def run(use_scaler, overflow_at=None):
-        model, groups = model_and_groups(two_groups=False)
-        opt = AdaScale(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9), world_size=1,
-                       num_gradients_to_accumulate=2)
-        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000) if use_scaler else None
-        gains = []
-        for step in range(6):
-            for m in range(2):
-                x, y = micro_batch(step, m)
-                loss = torch.nn.functional.mse_loss(model(x), y) / 2
-                if step == overflow_at and m == 1:
-                    loss = loss * float("inf")
-                (scaler.scale(loss) if scaler else loss).backward()
-            if scaler:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            opt.zero_grad()
-            gains.append((opt.gain(), opt.scale_invariant_steps))
-        return [p.detach().clone() for p in model.parameters()], gains
-
-    plain, plain_gains = run(False)
-    scaled, scaled_gains = run(True)
-    for p, q in zip(plain, scaled):
-        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    assert [g for g, _ in scaled_gains] == pytest.approx([g for g, _ in plain_gains], rel=1e-6)
-    _, overflow_gains = run(True, overflow_at=3)
-    assert overflow_gains[3] == overflow_gains[2]  # nothing changed: no statistics, no τ
-    assert all(torch.isfinite(torch.tensor(g)) for g, _ in overflow_gains)
-
-
-def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically():
-    def start():
-        model, groups = model_and_groups(two_groups=True)
-        return model, AdaScale(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9), world_size=1,
-                               num_gradients_to_accumulate=2)
-
-    def backward(model, step, m):
-        x, y = micro_batch(step, m)
-        (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
-
-    model, opt = start()
-    for step in range(4):
-        backward(model, step, 0)
-        backward(model, step, 1)
-        opt.step()
-        opt.zero_grad()
-    backward(model, 4, 0)  # mid-window
-    buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                "grads": [p.grad.clone() for p in model.parameters()]}, buf)
-    buf.seek(0)
-    ckpt = torch.load(buf, weights_only=True)
-    model2, opt2 = start()
-    model2.load_state_dict(ckpt["model"])
-    opt2.load_state_dict(ckpt["opt"])
-    for p, g in zip(model2.parameters(), ckpt["grads"]):
-        p.grad = g
-    for m, o in ((model, opt), (model2, opt2)):
-        backward(m, 4, 1)
-        o.step()
-        o.zero_grad()
-        for step in range(5, 8):
-            backward(m, step, 0)
-            backward(m, step, 1)
-            o.step()
-            o.zero_grad()
-    assert opt.gain() == opt2.gain() and opt.scale_invariant_steps == opt2.scale_invariant_steps
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
-
-
-def test_no_del_and_unhook_removes_the_hooks():
-    model, groups = model_and_groups(two_groups=False)
-    opt = AdaScale(torch.optim.SGD(groups, lr=0.1), world_size=1, num_gradients_to_accumulate=2)
-    assert "__del__" not in vars(AdaScale)
-    opt.unhook()
-    x, y = micro_batch(0, 0)
-    torch.nn.functional.mse_loss(model(x), y).backward()
-    assert opt.state_dict()["adascale"]["backwards"] == 0
 
 
 def test_lr_scheduler_binds_to_it():
