@@ -4,6 +4,7 @@ robust to real training loops)."""
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -43,7 +44,13 @@ class AdaScale(torch.optim.Optimizer):
       ``grad_scale`` / ``found_inf``) both sums are divided by the scale², the inner optimizer
       gets the grads unscaled (inside its kernel for fused_optim optimizers), and an overflow
       window changes nothing: no statistics, no step, no τ. Non-finite statistics are skipped.
-    * Frozen params and params without grads are fine; norms use the multi-tensor norm kernel.
+      A loop that calls ``scaler.unscale_(opt)`` before ``scaler.step`` (to clip) passes
+      ``grad_scaler=scaler``: the micro-batch norms were taken scaled.
+    * ``zero_grad()`` starts a new window: a window abandoned without ``step()`` leaves nothing.
+    * Frozen params and params without grads are fine. Each micro-batch grad's ‖g‖² is added in
+      its hook by the ``sum_squares_`` kernel (no grad is kept: autograd still moves the first
+      micro-batch's grads into ``.grad`` without a copy); ``.grad``'s sums take one kernel call.
+      The local sums live on the params' device, so NCCL can all-reduce them.
     * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
       including a window in progress, the scale, smoothing, accumulation count and τ.
     * No ``__del__``: the hooks go only with :meth:`unhook` (Lightning discards optimizer
@@ -149,14 +156,27 @@ class AdaScale(torch.optim.Optimizer):
                     self._avg[name] *= self._scale / scale
         self._scale = float(scale)
 
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def num_gradients_to_accumulate(self) -> int:
+        return self._accum
+
     def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
         """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
         self._outside_window("set_num_gradients_to_accumulate")
-        if not (isinstance(num_gradients_to_accumulate, int) and num_gradients_to_accumulate >= 1):
-            raise ValueError(f"Invalid num_gradients_to_accumulate: {num_gradients_to_accumulate} (an int >= 1)")
-        self._accum = num_gradients_to_accumulate
+        self._accum = _positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
         if update_smoothing:
             self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
+
+    def set_world_size(self, world_size: int, update_smoothing: bool = True) -> None:
+        """New N (the ranks whose micro-batches a step pools); resets β to its default unless
+        update_smoothing=False. The scale is not changed (see :meth:`set_scale`)."""
+        self._outside_window("set_world_size")
+        self._world_size = _positive_int("world_size", world_size)
+        self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
 
     def _outside_window(self, what: str) -> None:
         if self._backwards or self._in_backward:
@@ -325,7 +345,16 @@ class AdaScale(torch.optim.Optimizer):
         }}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Also takes the state dict of a plain optimizer (a run that adds AdaScale on resume): the
+        statistics then start afresh, with a warning."""
         state_dict = dict(state_dict)
+        if "adascale" not in state_dict:
+            warnings.warn("AdaScale.load_state_dict: no AdaScale statistics in this state dict (saved from the "
+                          "bare optimizer?); loading the optimizer state and starting the statistics afresh",
+                          stacklevel=2)
+            self._optimizer.load_state_dict(state_dict)
+            self._reset_window()
+            return
         saved = dict(state_dict.pop("adascale"))
         self._optimizer.load_state_dict(state_dict)
         self._local = saved.pop("local").to(self._local.device, copy=True)
@@ -344,3 +373,9 @@ class AdaScale(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AdaScale(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
+
+
+def _positive_int(name: str, value: int) -> int:
+    if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"Invalid {name}: {value!r} (an int >= 1)")
+    return value

@@ -12,6 +12,9 @@ elements and dtype) for the optimizers, a read of one flat buffer for the norm. 
 carry their step time over FusedAdam's (AdamW) from the same rounds. Absolute times on a shared
 machine are noisy: read ratios.
 
+AdaScale's overhead over the bare optimizer, ours vs fairscale's, is timed by
+``benchmark_adascale`` for the 1M and 25M lists (models of 200 tensors of those sizes).
+
 timm is optional (``pip install --no-deps timm``: its package ``__init__`` needs torchvision); its
 ``optim/lamb.py`` and ``optim/lars.py`` are loaded by path, without ``timm/__init__``. Without it
 the timm rows are missing and bench.md says so.
@@ -37,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from . import benchmark_adascale
 from .adam import FusedAdam
 from .lamb import FusedLAMB
 from .lars import LARS
@@ -268,7 +272,8 @@ def _table(rows: list[Row], speedup: str, probe: str = "of probe", peer: bool = 
     return lines + ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in rows]
 
 
-def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None = None) -> str:
+def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None = None,
+             adascale: list[dict] | None = None) -> str:
     """``timm``: its version, or why it is unavailable (None: no LAMB / LARS rows to explain)."""
     by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
     lines = [
@@ -294,6 +299,8 @@ def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None =
                       "per-tensor `torch._foreach_norm(grads)`; of read probe: fraction of the GB/s of an int64 "
                       "`sum()` over the same bytes.", "",
                   *_table(by_opt("norm"), "× vs peer", probe="of read probe", peer=True)]
+    if adascale:
+        lines += ["", *benchmark_adascale.markdown(adascale)]
     lines += ["", "| host overhead, µs per tensor (1-element tensors) | fused_optim | torch fused |", "|---|---:|---:|"]
     for opt, h in host.items():
         lines.append(f"| {opt} | {h['fused_optim']:.3f} | {h['torch fused']:.3f} |")
@@ -321,14 +328,20 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
                 print(f"{opt:6} {r.dtype:9} {r.params:32} fused_optim {r.ms_per_step:8.3f} ms  "
                       f"×{r.speedup_vs_peer or float('nan'):6.2f} vs {r.peer}  {r.fraction_of_probe:.2f} of probe",
                       flush=True)
+    adascale = [benchmark_adascale.overhead(list_id, repeats * 2) for list_id in lists
+                if list_id in benchmark_adascale.WIDTHS]
+    for r in adascale:
+        print(f"adascale {r['tensors']} tensors / {r['params'] / 1e6:.1f}M: overhead "
+              f"{r['fused_optim.AdaScale']['overhead_ms']:.2f} ms, fairscale's "
+              f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms", flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
     build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench.json", out / "bench.md"
     classes, timm = timm_optimizers()
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,
-                                     "build": build, "torch": torch.__version__,
+                                     "build": build, "adascale": adascale, "torch": torch.__version__,
                                      "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
                                      "threads": torch.get_num_threads()}, indent=2))
-    md_path.write_text(markdown(rows, host, build, timm))
+    md_path.write_text(markdown(rows, host, build, timm, adascale))
     return json_path, md_path

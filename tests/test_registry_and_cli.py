@@ -73,4 +73,9 @@ def test_bench_writes_json_and_markdown(tmp_path):
     assert all(r["ms_per_step"] > 0 and r["fraction_of_probe"] > 0 for r in data["rows"])
     lamb = next(r for r in data["rows"] if r["optimizer"] == "lamb" and r["variant"] == "fused_optim")
     assert lamb["time_vs_fused_adam"] > 0
-    assert "| sgd | float32 | 200 tensors / 1M | fused_optim |" in (tmp_path / "bench.md").read_text()
+    md = (tmp_path / "bench.md").read_text()
+    assert "| sgd | float32 | 200 tensors / 1M | fused_optim |" in md
+    (adascale,) = data["adascale"]
+    assert adascale["tensors"] == 200 and adascale["bare_ms"] > 0
+    assert adascale["fused_optim.AdaScale"]["ms"] > 0 and "fairscale AdaScale" in adascale  # installed by make
+    assert f"| 200 tensors / 1.0M | {adascale['bare_ms']:.2f} |" in md

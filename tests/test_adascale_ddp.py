@@ -1,0 +1,121 @@
+"""AdaScale across processes: 2 gloo ranks under DDP against one process accumulating the same
+micro-batches (and against fairscale under the same DDP loop), and a mid-window checkpoint
+resumed in a fresh process. The subprocess side is tests/adascale_worker.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import fused_optim
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "adascale_worker.py"
+TIMEOUT = 180  # seconds for a subprocess (or a group of them): a hang fails the test
+
+_spec = importlib.util.spec_from_file_location("adascale_worker", WORKER)
+worker = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(worker)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_workers(argvs: list[list[str]], logs: Path) -> list[tuple[int, str]]:
+    """Start ``adascale_worker.py *argv`` for every argv at once (the repo root on PYTHONPATH,
+    the rest of the environment inherited); wait at most TIMEOUT for all, killing them all on a
+    timeout. Returns (exit code, output) per worker."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
+    procs = []
+    for i, argv in enumerate(argvs):
+        log = open(logs / f"worker{i}-{time.monotonic_ns()}.log", "w+")
+        procs.append((subprocess.Popen([sys.executable, str(WORKER), *argv], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT), log))
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        for proc, _ in procs:
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
+    except subprocess.TimeoutExpired:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        outputs = []
+        for _, log in procs:
+            log.seek(0)
+            outputs.append(log.read()[-3000:])
+        pytest.fail(f"workers {argvs} did not finish in {TIMEOUT} s:\n" + "\n----\n".join(outputs))
+    results = []
+    for proc, log in procs:
+        log.seek(0)
+        results.append((proc.returncode, log.read()))
+        log.close()
+    return results
+
+
+def check(results) -> None:
+    for rc, out in results:
+        assert rc == 0, f"worker failed (exit {rc}):\n{out[-5000:]}"
+
+
+def test_two_process_ddp_accumulating_2_equals_one_process_accumulating_4_and_fairscale(tmp_path):
+    for attempt in range(3):  # the free port may be taken between free_port() and the bind
+        port = free_port()
+        outs = [tmp_path / f"rank{r}-{attempt}.pt" for r in range(2)]
+        results = run_workers([["ddp", str(r), str(port), str(outs[r])] for r in range(2)], tmp_path)
+        if all(rc == 0 for rc, _ in results) or not any("ddress already in use" in o for _, o in results):
+            break
+    check(results)
+    rank0, rank1 = (torch.load(out, weights_only=True) for out in outs)
+    assert (rank0["world_size"], rank0["rank"], rank1["world_size"], rank1["rank"]) == (2, 0, 2, 1)
+
+    for two_groups in (False, True):
+        ddp, ref, other_rank = (rank0["results"][two_groups]["ours"], rank0["results"][two_groups]["fairscale"],
+                                rank1["results"][two_groups]["ours"])
+        single = worker.train(lambda inner: fused_optim.AdaScale(inner, world_size=1, num_gradients_to_accumulate=4),
+                              two_groups, micros=range(4), accum=4)
+        assert len(ddp) == len(ref) == len(single) == worker.STEPS >= 10
+        tau = 0.0
+        for step, (d, r, s, o) in enumerate(zip(ddp, ref, single, other_rank)):
+            where = f"{'two groups' if two_groups else 'one group'}, step {step}"
+            # the ranks agree (DDP kept the params in sync; both all-reduced the same statistics)
+            assert (o["gain"], o["gains"], o["tau"]) == (d["gain"], d["gains"], d["tau"]), where
+            assert all(torch.equal(p, q) for p, q in zip(o["params"], d["params"])), where
+            # τ is the running sum of the gains
+            tau += d["gain"]
+            assert d["tau"] == pytest.approx(tau, rel=1e-12), where
+            # 2 ranks × 2 micro-batches == 1 process × 4 micro-batches
+            assert d["gain"] == pytest.approx(s["gain"], rel=1e-5), where
+            assert d["gains"] == pytest.approx(s["gains"], rel=1e-5), where
+            assert d["tau"] == pytest.approx(s["tau"], rel=1e-5), where
+            for p, q in zip(d["params"], s["params"]):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{where}: {m}")
+            # fairscale under the same DDP loop
+            assert d["gain"] == pytest.approx(r["gain"], rel=1e-5), where
+            assert d["gains"] == pytest.approx(r["gains"], rel=1e-5), where
+            for p, q in zip(d["params"], r["params"]):
+                torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{where} vs fairscale: {m}")
+        assert ddp[-1]["gain"] > 1.0  # the statistics did something
+        assert len(ddp[-1]["gains"]) == (2 if two_groups else 1)
+
+
+def test_save_mid_window_reload_in_a_fresh_process_continues_identically(tmp_path):
+    ckpt, resumed, straight = tmp_path / "ckpt.pt", tmp_path / "resumed.pt", tmp_path / "straight.pt"
+    check(run_workers([["save", str(ckpt)], ["straight", str(straight)]], tmp_path))
+    check(run_workers([["resume", str(ckpt), str(resumed)]], tmp_path))
+    a, b = torch.load(resumed, weights_only=True), torch.load(straight, weights_only=True)
+    assert (a["gain"], a["gains"], a["tau"]) == (b["gain"], b["gains"], b["tau"])
+    assert a["gain"] > 1.0 and a["tau"] > 9.0
+    assert all(torch.equal(p, q) for p, q in zip(a["params"], b["params"]))
