@@ -1,4 +1,15 @@
-"""PyTorch Lightning adapter for fused_optim (strategy and callbacks arrive with the Lightning issue).
+"""PyTorch Lightning adapter for fused_optim: ``import lightning_optim`` is all it takes.
 
-Today no adapter is needed: return fused_optim optimizers from ``configure_optimizers``.
+* Our optimizers need no adapter: return them from ``configure_optimizers`` (with or without LR
+  scheduler dicts), or name them on the command line of ``LightningCLI``:
+  ``--optimizer fused_optim.FusedSGD --optimizer.lr 0.1``.
+* :class:`AdaScaleCallback`: AdaScale for any module (wraps its optimizer, or syncs one it
+  returns), τ-driven LR schedules, a τ target, logging, checkpoints.
+* Strategies by name (registered on import): ``"adascale_ddp"``, ``"adascale_ddp_spawn"``
+  (:class:`AdaScaleDDPStrategy`).
 """
+
+from .callback import AdaScaleCallback
+from .strategy import AdaScaleDDPStrategy
+
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy"]

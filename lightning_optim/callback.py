@@ -1,0 +1,130 @@
+"""``AdaScaleCallback``: AdaScale, scale-invariant schedules and a τ target for any LightningModule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from fused_optim import AdaScale
+
+from .wrapping import as_adascale
+
+# Step-interval schedulers the callback takes over get this interval: Lightning steps only
+# "step" and "epoch" schedulers, so from then on only the callback steps them (to ⌊τ⌋).
+SCALE_INVARIANT_INTERVAL = "scale_invariant_step"
+
+
+class AdaScaleCallback(Callback):
+    """Train with AdaScale whether the module returns an :class:`fused_optim.AdaScale` or a plain
+    optimizer (then it is wrapped at ``on_fit_start``; the wrapper shares its ``param_groups``, so
+    schedulers bound to it stay valid).
+
+    * AdaScale's accumulation count follows ``trainer.accumulate_grad_batches`` (also when a
+      ``GradientAccumulationScheduler`` changes it) and its world size the trainer's.
+    * τ (``scale_invariant_steps``, Σ gain over real updates; an AMP-skipped step adds nothing)
+      drives the schedules: with ``follow_tau`` every ``interval="step"`` scheduler is stepped by
+      this callback only, after each batch, until ``scheduler.last_epoch == ⌊τ⌋`` — so a schedule
+      over a budget of T steps, e.g. ``CosineAnnealingLR(opt, T_max=T)``, gives at every step the
+      lr of step ⌊τ⌋ (``frequency`` is ignored for them).
+    * ``tau_target``: training stops after the first step where τ ≥ target (all ranks agree).
+    * Logs ``adascale/gain``, ``adascale/tau`` and ``adascale/lr`` (group 0's lr × its gain, the lr
+      of the last update) each batch, to the logger and (``prog_bar``) the progress bar.
+    * Its state (τ at save time, the target) is in Lightning checkpoints; AdaScale's statistics
+      are in the optimizer state. Lightning does not save gradients, so a window in progress at a
+      checkpoint is dropped on resume (the rest of it counts as a short window).
+
+    Example::
+
+        import lightning.pytorch as pl
+        from lightning_optim import AdaScaleCallback
+
+        class Module(pl.LightningModule):
+            ...
+            def configure_optimizers(self):
+                opt = fused_optim.FusedSGD(self.parameters(), lr=0.1, momentum=0.9)
+                sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a τ budget of 1000
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+        trainer = pl.Trainer(accumulate_grad_batches=4, max_epochs=-1,
+                             callbacks=[AdaScaleCallback(tau_target=1000)])
+        trainer.fit(Module(), train_loader)
+
+    Args:
+        scale, smoothing, is_scaled_loss, debias_ewma: for the AdaScale it creates.
+        tau_target: stop once τ reaches it (None: no stop).
+        follow_tau: drive step-interval schedulers by ⌊τ⌋.
+        log, prog_bar: log gain, τ and the effective lr (and show them in the progress bar).
+    """
+
+    def __init__(self, scale: float | None = None, smoothing: float | None = None, is_scaled_loss: bool = True,
+                 debias_ewma: bool = True, tau_target: float | None = None, follow_tau: bool = True,
+                 log: bool = True, prog_bar: bool = True):
+        if tau_target is not None and not tau_target > 0:
+            raise ValueError(f"Invalid tau_target: {tau_target} (a positive number of scale-invariant steps, or None)")
+        self.adascale_kwargs = dict(scale=scale, smoothing=smoothing, is_scaled_loss=is_scaled_loss,
+                                    debias_ewma=debias_ewma)
+        self.tau_target = tau_target
+        self.follow_tau = follow_tau
+        self.log = log
+        self.prog_bar = prog_bar
+        self._tau = 0.0  # as of the last batch: what a checkpoint saves
+        self._restored_tau: float | None = None
+
+    # ---- setup -------------------------------------------------------------------------------
+    def on_fit_start(self, trainer, pl_module) -> None:
+        strategy = trainer.strategy
+        if type(strategy).__name__.startswith(("DeepSpeed", "FSDP")):
+            raise RuntimeError(f"AdaScaleCallback does not work with {type(strategy).__name__}: that strategy owns "
+                               "the optimizer; use DDP (strategy='ddp' or 'adascale_ddp') or a single device")
+        if not pl_module.automatic_optimization or len(strategy.optimizers) != 1:
+            raise RuntimeError("AdaScaleCallback needs automatic optimization with exactly one optimizer; with manual "
+                               "optimization wrap your optimizer in fused_optim.AdaScale yourself")
+        strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, trainer.accumulate_grad_batches,
+                                           **self.adascale_kwargs)]
+        if self.follow_tau:
+            for config in trainer.lr_scheduler_configs:
+                if config.interval == "step":
+                    config.interval = SCALE_INVARIANT_INTERVAL
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        opt = self._adascale(trainer)
+        opt.zero_grad()  # a window restored from a checkpoint has lost its gradients: start afresh
+        if self._restored_tau is not None and opt.scale_invariant_steps == 0.0:
+            opt.scale_invariant_steps = self._restored_tau  # the optimizer state came without AdaScale's
+
+    def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
+        opt = self._adascale(trainer)
+        if opt.num_gradients_to_accumulate != trainer.accumulate_grad_batches:
+            as_adascale(opt, trainer.world_size, trainer.accumulate_grad_batches)
+
+    # ---- after each batch: schedules, stop, logs -----------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        opt = self._adascale(trainer)
+        tau = self._tau = opt.scale_invariant_steps
+        for config in trainer.lr_scheduler_configs:
+            if config.interval == SCALE_INVARIANT_INTERVAL:
+                while config.scheduler.last_epoch < math.floor(tau):
+                    pl_module.lr_scheduler_step(config.scheduler, None)
+        if self.tau_target is not None:
+            reached = trainer.strategy.reduce_boolean_decision(tau >= self.tau_target, all=False)
+            trainer.should_stop = trainer.should_stop or reached
+        if self.log:
+            gain = opt.gain()
+            metrics = {"adascale/gain": gain, "adascale/tau": tau,
+                       "adascale/lr": opt.param_groups[0]["lr"] * opt.gain(0)}
+            for name, value in metrics.items():
+                pl_module.log(name, value, prog_bar=self.prog_bar and name != "adascale/lr", on_step=True,
+                              on_epoch=False, batch_size=1)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale_invariant_steps": self._tau, "tau_target": self.tau_target}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_tau = float(state_dict["scale_invariant_steps"])
+
+    @staticmethod
+    def _adascale(trainer) -> AdaScale:
+        return trainer.strategy.optimizers[0]

@@ -1,0 +1,51 @@
+"""DDP strategies that wrap the LightningModule's optimizers in AdaScale, by name:
+``Trainer(strategy="adascale_ddp")`` (popen launcher, like ``"ddp"``) and
+``"adascale_ddp_spawn"`` (like ``"ddp_spawn"``). Registered when ``lightning_optim`` is imported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+
+from .wrapping import as_adascale
+
+
+class AdaScaleDDPStrategy(DDPStrategy):
+    """``DDPStrategy`` whose optimizers are wrapped in :class:`fused_optim.AdaScale` with the
+    world size and ``accumulate_grad_batches`` of the trainer; the module stays unchanged.
+
+    Args:
+        scale, smoothing, is_scaled_loss, debias_ewma: passed to AdaScale (Lightning divides each
+            micro-batch loss by the accumulation count, so ``is_scaled_loss=True`` fits it).
+        *args, **kwargs: ``DDPStrategy``'s (``start_method``, ``process_group_backend``, ...).
+
+    Example (add :class:`lightning_optim.AdaScaleCallback` for τ-driven schedules, logging and a
+    τ target)::
+
+        import lightning.pytorch as pl, lightning_optim
+        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="adascale_ddp_spawn",
+                             accumulate_grad_batches=2, max_steps=100)
+        # or explicitly: strategy=lightning_optim.AdaScaleDDPStrategy(scale=8.0, start_method="spawn")
+        # or by a name of your own: StrategyRegistry.register("adascale8", AdaScaleDDPStrategy, scale=8.0)
+    """
+
+    def __init__(self, *args: Any, scale: float | None = None, smoothing: float | None = None,
+                 is_scaled_loss: bool = True, debias_ewma: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.adascale_kwargs = dict(scale=scale, smoothing=smoothing, is_scaled_loss=is_scaled_loss,
+                                    debias_ewma=debias_ewma)
+
+    def setup_optimizers(self, trainer) -> None:
+        super().setup_optimizers(trainer)  # configure_optimizers, schedulers checked against the raw optimizers
+        self.optimizers = [as_adascale(opt, self.world_size, trainer.accumulate_grad_batches, **self.adascale_kwargs)
+                           for opt in self.optimizers]
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        for name, start_method in (("adascale_ddp", "popen"), ("adascale_ddp_spawn", "spawn")):
+            strategy_registry.register(name, cls, description=f"DDP + AdaScale, start_method '{start_method}'",
+                                       start_method=start_method, override=True)
+
+
+AdaScaleDDPStrategy.register_strategies(StrategyRegistry)
