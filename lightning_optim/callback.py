@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 
 from fused_optim import AdaScale
 
@@ -81,7 +81,7 @@ class AdaScaleCallback(Callback):
         if not pl_module.automatic_optimization or len(strategy.optimizers) != 1:
             raise RuntimeError("AdaScaleCallback needs automatic optimization with exactly one optimizer; with manual "
                                "optimization wrap your optimizer in fused_optim.AdaScale yourself")
-        strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, trainer.accumulate_grad_batches,
+        strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, _accumulation(trainer),
                                            **self.adascale_kwargs)]
         if self.follow_tau:
             for config in trainer.lr_scheduler_configs:
@@ -96,8 +96,8 @@ class AdaScaleCallback(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         opt = self._adascale(trainer)
-        if opt.num_gradients_to_accumulate != trainer.accumulate_grad_batches:
-            as_adascale(opt, trainer.world_size, trainer.accumulate_grad_batches)
+        if opt.num_gradients_to_accumulate != _accumulation(trainer):
+            as_adascale(opt, trainer.world_size, _accumulation(trainer))
 
     # ---- after each batch: schedules, stop, logs -----------------------------------------------
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -128,3 +128,12 @@ class AdaScaleCallback(Callback):
     @staticmethod
     def _adascale(trainer) -> AdaScale:
         return trainer.strategy.optimizers[0]
+
+
+def _accumulation(trainer) -> int:
+    """The accumulation count of the current epoch (a GradientAccumulationScheduler sets
+    ``trainer.accumulate_grad_batches`` only when the epoch starts, after ``on_fit_start``)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, GradientAccumulationScheduler):
+            return callback.get_accumulate_grad_batches(trainer.current_epoch)
+    return trainer.accumulate_grad_batches

@@ -163,6 +163,19 @@ def test_callback_accumulating_4_equals_the_hand_loop_with_short_last_windows(re
     assert want[-1][0] > 1.0
 
 
+def test_callback_follows_a_gradient_accumulation_scheduler():
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+    module, trace = Regressor(sgd), Trace()
+    trainer = pl.Trainer(max_epochs=2, callbacks=[GradientAccumulationScheduler({0: 2, 1: 4}),
+                                                  lightning_optim.AdaScaleCallback(), trace], **FAST)
+    trainer.fit(module, loader(8))
+    params, want = hand_loop([[0, 1], [2, 3], [4, 5], [6, 7]], 2)  # epoch 0 by hand ...
+    assert [t for _, t, _ in trace.steps[:4]] == pytest.approx([t for _, t in want], rel=1e-9)
+    opt = trainer.optimizers[0]
+    assert len(trace.steps) == 6 and (opt.num_gradients_to_accumulate, opt.scale) == (4, 4.0)  # ... epoch 1 by 4
+
+
 def test_callback_refuses_a_single_device_without_accumulation():
     trainer = pl.Trainer(max_steps=1, callbacks=[lightning_optim.AdaScaleCallback()], **FAST)
     with pytest.raises(RuntimeError, match="accumulate_grad_batches"):
