@@ -35,21 +35,30 @@ class AdaScaleCallback(Callback):
       are in the optimizer state. Lightning does not save gradients, so a window in progress at a
       checkpoint is dropped on resume (the rest of it counts as a short window).
 
-    Example::
+    Example (runs as is)::
 
-        import lightning.pytorch as pl
+        import lightning.pytorch as pl, torch, fused_optim
         from lightning_optim import AdaScaleCallback
 
         class Module(pl.LightningModule):
-            ...
+            def __init__(self):
+                super().__init__()
+                self.net = torch.nn.Linear(8, 1)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                return torch.nn.functional.mse_loss(self.net(x), y)
+
             def configure_optimizers(self):
                 opt = fused_optim.FusedSGD(self.parameters(), lr=0.1, momentum=0.9)
-                sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)  # a τ budget of 1000
+                sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=100)  # a τ budget of 100
                 return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
-        trainer = pl.Trainer(accumulate_grad_batches=4, max_epochs=-1,
-                             callbacks=[AdaScaleCallback(tau_target=1000)])
-        trainer.fit(Module(), train_loader)
+        x = torch.randn(512, 8)
+        data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True) + torch.randn(512, 1))
+        trainer = pl.Trainer(accumulate_grad_batches=4, max_epochs=-1, logger=False, enable_checkpointing=False,
+                             callbacks=[AdaScaleCallback(tau_target=100)])
+        trainer.fit(Module(), torch.utils.data.DataLoader(data, batch_size=8))
 
     Args:
         scale, smoothing, is_scaled_loss, debias_ewma: for the AdaScale it creates.

@@ -161,6 +161,8 @@ def test_callback_accumulating_4_equals_the_hand_loop_with_short_last_windows(re
     assert [x for g, t, _ in trace.steps for x in (g, t)] == pytest.approx([x for w in want for x in w], rel=1e-9)
     assert_params_close(module, params)
     assert want[-1][0] > 1.0
+    assert {"adascale/gain", "adascale/tau"} <= set(trainer.progress_bar_metrics)
+    assert trainer.callback_metrics["adascale/lr"].item() == pytest.approx(0.1 * want[-1][0], rel=1e-6)
 
 
 def test_callback_follows_a_gradient_accumulation_scheduler():
