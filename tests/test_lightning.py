@@ -223,6 +223,15 @@ def test_precisions_and_an_overflow_step_skipped_without_harm(precision):
         assert all(b > a for i, (a, b) in enumerate(zip([0.0] + taus, taus)) if i != 2)
 
 
+def test_clipping_under_16_mixed_is_refused_with_a_hint():
+    """Our optimizers (and AdaScale) unscale inside the step, so Lightning cannot clip before it."""
+    trainer = pl.Trainer(max_steps=1, accumulate_grad_batches=2, gradient_clip_val=1.0,
+                         plugins=[MixedPrecision("16-mixed", "cpu")], callbacks=[lightning_optim.AdaScaleCallback()],
+                         **FAST)
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping.*HINT"):
+        trainer.fit(Regressor(sgd), loader(4))
+
+
 def test_checkpoint_resume_continues_identically(tmp_path):
     def make(params):
         opt = sgd(params)
@@ -247,6 +256,9 @@ def test_checkpoint_resume_continues_identically(tmp_path):
     assert resumed_trainer.lr_scheduler_configs[0].scheduler.last_epoch == math.floor(ref.scale_invariant_steps)
     for p, q in zip(resumed.net.parameters(), whole.net.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(opt.state[p]["momentum_buffer"], ref.state[q]["momentum_buffer"],
+                                   rtol=1e-6, atol=1e-7)
+    assert opt.param_groups[0]["lr"] == pytest.approx(ref.param_groups[0]["lr"], rel=1e-12)
 
 
 # ---- strategies and DDP ------------------------------------------------------------------------
