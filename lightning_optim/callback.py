@@ -104,9 +104,9 @@ class AdaScaleCallback(Callback):
             opt.scale_invariant_steps = self._restored_tau  # the optimizer state came without AdaScale's
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
-        opt = self._adascale(trainer)
-        if opt.num_gradients_to_accumulate != _accumulation(trainer):
-            as_adascale(opt, trainer.world_size, _accumulation(trainer))
+        opt, accumulate = self._adascale(trainer), _accumulation(trainer)
+        if opt.num_gradients_to_accumulate != accumulate:
+            as_adascale(opt, trainer.world_size, accumulate)
 
     # ---- after each batch: schedules, stop, logs -----------------------------------------------
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
