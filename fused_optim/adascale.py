@@ -33,6 +33,7 @@ class AdaScale(torch.optim.Optimizer):
         first 1/(1 − β) windows, then the EWMA)
         gain(k) = (var_k + sqr_k) / (var_k/S + sqr_k)   (gain(): var and sqr summed over groups)
         step():     lr_k ← lr_k·gain(k) for the inner step, then restored exactly;  τ += gain()
+        global_gain=True: every group's lr gets gain() (var and sqr summed over the groups)
 
     Where fairscale breaks in real loops, this one does not:
 
@@ -45,7 +46,9 @@ class AdaScale(torch.optim.Optimizer):
       gets the grads unscaled (inside its kernel for fused_optim optimizers), and an overflow
       window changes nothing: no statistics, no step, no τ. Non-finite statistics are skipped.
       A loop that calls ``scaler.unscale_(opt)`` before ``scaler.step`` (to clip) passes
-      ``grad_scaler=scaler``: the micro-batch norms were taken scaled.
+      ``grad_scaler=scaler``: the micro-batch norms were taken scaled. A caller that divides
+      the grads by more than the loss scale (a clip coefficient folded into ``grad_scale``, as
+      :mod:`mmengine_optim` does) sets ``loss_scale`` next to ``grad_scale`` / ``found_inf``.
     * ``zero_grad()`` starts a new window: a window abandoned without ``step()`` leaves nothing.
     * Frozen params and params without grads are fine. Each micro-batch grad's ‖g‖² is added in
       its hook by the ``sum_squares_`` kernel (no grad is kept: autograd still moves the first
@@ -66,6 +69,9 @@ class AdaScale(torch.optim.Optimizer):
         num_gradients_to_accumulate: c, backward passes per step.
         is_scaled_loss: whether each micro-batch loss was divided by c.
         debias_ewma: bias-corrected EWMA (fairscale's default) or the paper's Appendix B.3.
+        global_gain: one gain for all groups (for group layouts that are not model structure,
+            e.g. mmengine's ``paramwise_cfg``, which makes a group per param) instead of fairscale's
+            gain per group.
         grad_scaler: the ``torch.amp.GradScaler``, needed only when the loop calls
             ``scaler.unscale_(optimizer)`` before ``scaler.step`` (e.g. to clip): the micro-batch
             norms were taken on scaled grads, and then only the scaler knows the scale.
@@ -75,8 +81,10 @@ class AdaScale(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
-                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
+                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None,
+                 global_gain: bool = False):
         self._optimizer = optimizer
+        self._global_gain = global_gain
         self._grad_scaler = grad_scaler
         self._world_size = world_size if world_size is not None else (
             dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
@@ -202,7 +210,7 @@ class AdaScale(torch.optim.Optimizer):
         self._reset_window()
         if skipped:
             return loss
-        gains = [self.gain(gi, scale) for gi in range(len(self.param_groups))]
+        gains = [self.gain(None if self._global_gain else gi, scale) for gi in range(len(self.param_groups))]
         lrs = [group["lr"] for group in self.param_groups]
         for group, g in zip(self.param_groups, gains):
             group["lr"] = group["lr"] * g
@@ -218,6 +226,9 @@ class AdaScale(torch.optim.Optimizer):
         """The loss scales that the micro-batch grads and ``.grad`` carry: the scaler's
         ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
         ``grad_scaler``'s for the micro-batches and 1 for ``.grad``."""
+        loss_scale = getattr(self, "loss_scale", None)
+        if loss_scale is not None:  # set by a caller whose grad_scale also holds a clip coefficient
+            return float(loss_scale), float(loss_scale)
         if grad_scale is not None:
             return float(grad_scale), float(grad_scale)
         if found_inf is None:

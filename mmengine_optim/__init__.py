@@ -1,1 +1,39 @@
-"""mmengine adapter for fused_optim (registries and optimizer wrappers arrive with the mmengine issue)."""
+"""fused_optim for mmengine: optimizers, wrappers and hooks by config name.
+
+No ``custom_imports`` is needed for scoped names::
+
+    optim_wrapper = dict(type='mmengine_optim.AdaScaleOptimWrapper', accumulative_counts=4,
+                         optimizer=dict(type='mmengine_optim.FusedSGD', lr=0.1, momentum=0.9))
+    default_hooks = dict(param_scheduler=dict(type='mmengine_optim.UpdateParamSchedulerHook'))
+
+Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mmengine_optim'])``
+(see :mod:`.optimizers` for the names left to other libraries). Train with
+``python -m mmengine_optim.train CONFIG``.
+"""
+
+from .digits import DigitsAccuracy, DigitsClassifier, DigitsDataset
+from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
+from .loss_scaler import LossScaler
+from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
+from .optimizers import register_optimizers
+from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPERS, OPTIMIZERS
+
+register_optimizers()
+
+__all__ = [
+    "AdaScaleOptimWrapper",
+    "DATASETS",
+    "DigitsAccuracy",
+    "DigitsClassifier",
+    "DigitsDataset",
+    "FusedOptimWrapper",
+    "HOOKS",
+    "LossScaler",
+    "METRICS",
+    "MODELS",
+    "OPTIMIZERS",
+    "OPTIM_WRAPPERS",
+    "UpdateParamSchedulerHook",
+    "WeightsOnlyCheckpointHook",
+    "register_optimizers",
+]

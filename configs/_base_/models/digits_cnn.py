@@ -1,0 +1,1 @@
+model = dict(type='mmengine_optim.DigitsClassifier', width=16)

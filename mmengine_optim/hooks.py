@@ -1,0 +1,123 @@
+"""mmengine hooks: schedules that count optimizer updates (or τ), and checkpoints that load with
+``torch.load(weights_only=True)``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
+from mmengine.logging import HistoryBuffer
+
+from .registry import HOOKS
+
+
+@HOOKS.register_module()
+class UpdateParamSchedulerHook(ParamSchedulerHook):
+    r"""mmengine's ``ParamSchedulerHook``, but iteration-based schedulers (``by_epoch=False``)
+    count optimizer updates, not micro-batches (mmengine's steps them every iteration, so with
+    ``accumulative_counts=c`` a schedule runs c times too fast; mmengine issue #1308).
+
+    After each iteration that updated the params, every iteration-based scheduler is stepped up to
+    ``target``: the number of updates, or with an :class:`~mmengine_optim.AdaScaleOptimWrapper`
+    ⌊τ⌋ (so milestones, warm-up and ``end`` are in scale-invariant iterations: an update with gain
+    g advances the schedule by g). Epoch-based and plateau schedulers are stepped as mmengine does.
+    Note that ``convert_to_iter_based=True`` converts epochs with the dataloader's length, i.e. in
+    micro-batches: give iteration-based schedules in updates instead.
+
+    Args:
+        max_scale_invariant_iters: stop training once τ reaches this (AdaScale only) and save a
+            checkpoint of that iteration (mmengine's CheckpointHook saves only at its interval or at
+            ``max_iters``). An ``IterBasedTrainLoop`` stops at once; an ``EpochBasedTrainLoop`` at
+            the end of the epoch (mmengine's loops read ``stop_training`` there).
+    """
+
+    def __init__(self, max_scale_invariant_iters: float | None = None):
+        if max_scale_invariant_iters is not None and not max_scale_invariant_iters > 0:
+            raise ValueError(f"Invalid max_scale_invariant_iters: {max_scale_invariant_iters!r} (a number > 0)")
+        self.max_scale_invariant_iters = max_scale_invariant_iters
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if runner.param_schedulers is None:
+            return
+        schedulers = runner.param_schedulers
+        pairs = schedulers.items() if isinstance(schedulers, dict) else [(None, schedulers)]
+        for name, group in pairs:
+            wrapper = runner.optim_wrapper if name is None else runner.optim_wrapper[name]
+            if not wrapper.should_update():  # the iteration only accumulated
+                continue
+            tau = getattr(wrapper, "scale_invariant_iter", None)
+            for scheduler in group:
+                if scheduler.by_epoch:
+                    continue
+                target = math.floor(tau) if tau is not None else scheduler._global_step + 1
+                while scheduler._global_step < target:
+                    scheduler.step()
+        self._maybe_stop(runner)
+
+    def _maybe_stop(self, runner) -> None:
+        tau = getattr(runner.optim_wrapper, "scale_invariant_iter", None)
+        if self.max_scale_invariant_iters is None or tau is None or runner.train_loop.stop_training:
+            return
+        if tau >= self.max_scale_invariant_iters:
+            runner.train_loop.stop_training = True
+            runner.logger.info(f"τ = {tau:.2f} reached max_scale_invariant_iters = "
+                               f"{self.max_scale_invariant_iters}: training stops")
+            _save_now(runner)
+
+
+def _save_now(runner) -> None:
+    """A checkpoint of this iteration, through the iteration-based CheckpointHook when there is
+    one (its file name, ``last_checkpoint`` for ``--resume``, ``max_keep_ckpts``) unless it saves
+    this iteration anyway; else ``iter_<n>.pth`` in the work dir."""
+    hook = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
+    if hook is not None and not hook.by_epoch:
+        if not (hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
+                or (hook.save_last and hook.is_last_train_iter(runner))):
+            hook._save_checkpoint(runner)
+        return
+    runner.save_checkpoint(runner.work_dir, f"iter_{runner.iter + 1}.pth")
+
+
+@HOOKS.register_module()
+class WeightsOnlyCheckpointHook(Hook):
+    """Checkpoints that ``torch.load(weights_only=True)`` accepts, so ``resume`` works on torch ≥ 2.6
+    without trusting pickled code.
+
+    mmengine 0.10.7 saves the message hub's ``HistoryBuffer`` objects (numpy arrays and bound
+    statistics methods) and numpy scalars, and its resume calls ``torch.load`` without
+    ``weights_only``: on torch ≥ 2.6 that fails (mmengine#1655). This hook stores each buffer as
+    a plain dict of tensors and each numpy scalar as a Python number before a save, and turns the
+    buffers back after a load. Checkpoints saved without it still need
+    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``. ``python -m mmengine_optim.train`` adds it.
+    """
+
+    priority = "VERY_LOW"  # last before the save, so every other hook's additions are converted
+
+    _KEYS = frozenset({"log_history", "count_history", "max_length"})
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub:
+            checkpoint["message_hub"] = {**hub, "log_scalars": {
+                key: self._plain(buf) if isinstance(buf, HistoryBuffer) else buf
+                for key, buf in hub.get("log_scalars", {}).items()}, "runtime_info": {
+                key: value.item() if isinstance(value, np.generic) else value  # e.g. the eta
+                for key, value in hub.get("runtime_info", {}).items()}}
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        hub = checkpoint.get("message_hub")
+        if hub and "log_scalars" in hub:
+            hub["log_scalars"] = {key: self._buffer(value) if isinstance(value, dict) and set(value) == self._KEYS
+                                  else value for key, value in hub["log_scalars"].items()}
+
+    @staticmethod
+    def _plain(buf: HistoryBuffer) -> dict:
+        return {"log_history": torch.from_numpy(buf._log_history.copy()),
+                "count_history": torch.from_numpy(buf._count_history.copy()), "max_length": buf.max_length}
+
+    @staticmethod
+    def _buffer(plain: dict) -> HistoryBuffer:
+        return HistoryBuffer(plain["log_history"].numpy(), plain["count_history"].numpy(),
+                             plain["max_length"])
