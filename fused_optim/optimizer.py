@@ -46,6 +46,9 @@ FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 FUSED_DEVICE_TYPES = ("cpu",)
 
 _build_warning_shown = False
+# Added to ``defaults`` by torch's ``Optimizer.__setstate__`` (so by every load_state_dict); a
+# group must not gain it, or a state dict changes across save/load.
+_TORCH_ONLY_DEFAULTS = frozenset({"differentiable"})
 
 
 def check_range(label: str, value: Any, ok: bool, need: str) -> None:
@@ -177,7 +180,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         for group in self.param_groups:  # groups saved by torch.optim lack our keys
             for key, value in self.defaults.items():
-                group.setdefault(key, value)
+                if key not in _TORCH_ONLY_DEFAULTS:
+                    group.setdefault(key, value)
         self.__dict__.setdefault("fused", None)  # unpickled from an older version
         self.__dict__.setdefault("set_grad_none", True)
         self.__dict__.setdefault("implementation", "reference" if self.fused is False else None)

@@ -16,8 +16,13 @@ from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
 from .optimizers import register_optimizers
-from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPERS, OPTIMIZERS
+from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPERS, OPTIMIZERS, register
 
+for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapper)),
+                         (HOOKS, (UpdateParamSchedulerHook, WeightsOnlyCheckpointHook)),
+                         (DATASETS, (DigitsDataset,)), (MODELS, (DigitsClassifier,)), (METRICS, (DigitsAccuracy,))):
+    for _obj in _objs:
+        register(_registry, _obj)
 register_optimizers()
 
 __all__ = [

@@ -10,10 +10,8 @@ from torch.utils.data import Dataset
 
 from fused_optim.digits import DigitsCNN, load_digits
 
-from .registry import DATASETS, METRICS, MODELS
 
 
-@DATASETS.register_module()
 class DigitsDataset(Dataset):
     """scikit-learn's 8×8 digits, ``split`` ``"train"`` or ``"val"``; items are
     ``dict(inputs=float32 [1, 8, 8], data_samples=int64 label)`` (use ``default_collate``)."""
@@ -30,7 +28,6 @@ class DigitsDataset(Dataset):
         return dict(inputs=self.images[index], data_samples=self.labels[index])
 
 
-@MODELS.register_module()
 class DigitsClassifier(BaseModel):
     """:class:`fused_optim.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
     ``predict`` → per-image ``dict(pred, label, loss)``, ``tensor`` → logits."""
@@ -50,11 +47,10 @@ class DigitsClassifier(BaseModel):
         return logits
 
 
-@METRICS.register_module()
 class DigitsAccuracy(BaseMetric):
     """``accuracy`` (percent) and mean cross-entropy ``loss`` over the validation set."""
 
-    default_prefix = "val"
+    default_prefix = None  # the message hub says val/accuracy, val/loss
 
     def process(self, data_batch, data_samples: list[dict]) -> None:
         self.results.extend(data_samples)

@@ -10,10 +10,8 @@ import torch
 from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
 from mmengine.logging import HistoryBuffer
 
-from .registry import HOOKS
 
 
-@HOOKS.register_module()
 class UpdateParamSchedulerHook(ParamSchedulerHook):
     r"""mmengine's ``ParamSchedulerHook``, but iteration-based schedulers (``by_epoch=False``)
     count optimizer updates, not micro-batches (mmengine's steps them every iteration, so with
@@ -80,7 +78,6 @@ def _save_now(runner) -> None:
     runner.save_checkpoint(runner.work_dir, f"iter_{runner.iter + 1}.pth")
 
 
-@HOOKS.register_module()
 class WeightsOnlyCheckpointHook(Hook):
     """Checkpoints that ``torch.load(weights_only=True)`` accepts, so ``resume`` works on torch ≥ 2.6
     without trusting pickled code.

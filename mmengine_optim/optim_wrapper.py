@@ -22,12 +22,10 @@ from mmengine.optim import OptimWrapper
 from fused_optim import AdaScale, multi_tensor_l2norm
 
 from .loss_scaler import LossScaler
-from .registry import OPTIM_WRAPPERS
 
 _NORM_CLIP_KEYS = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"}
 
 
-@OPTIM_WRAPPERS.register_module()
 class FusedOptimWrapper(OptimWrapper):
     r"""``OptimWrapper`` whose clipping and mixed precision run inside fused_optim's kernels.
 
@@ -148,7 +146,6 @@ class FusedOptimWrapper(OptimWrapper):
         super().load_state_dict(state_dict)
 
 
-@OPTIM_WRAPPERS.register_module()
 class AdaScaleOptimWrapper(FusedOptimWrapper):
     r"""AdaScale (:class:`fused_optim.AdaScale`) for mmengine: ``accumulative_counts`` is its
     accumulation count c, the process group gives N, and every param group gets one global gain

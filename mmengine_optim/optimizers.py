@@ -7,8 +7,9 @@ After ``custom_imports=dict(imports=['mmengine_optim'])`` the names work bare to
 to mmengine's root registry, except where the name is already taken (another library's
 ``FusedSGD`` stays, and that is logged once; ours is still ``mmengine_optim.FusedSGD``) or is one
 that mmengine's ``DeepSpeedStrategy`` registers later without ``force`` (our taking it would make
-that strategy raise ``KeyError``): bare ``FusedAdam`` is DeepSpeed's, bare ``fused_adam`` ours. Registering is idempotent:
-:func:`register_optimizers` runs at import and may run again after a new core entry.
+that strategy raise ``KeyError``): bare ``FusedAdam`` is DeepSpeed's, bare ``fused_adam`` ours.
+Registering is idempotent: :func:`register_optimizers` runs at import and may run again after a
+new core entry.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ from __future__ import annotations
 import functools
 
 from mmengine import registry as _root
-from mmengine.logging import print_log
 
 from fused_optim.registry import OptimizerSpec, create_optimizer, get_spec, list_optimizers
 
-from .registry import OPTIMIZERS
-
-# Registered into mmengine's root OPTIMIZERS by DeepSpeedStrategy.__init__ without force=True.
-DEEPSPEED_NAMES = frozenset({"DeepSpeedCPUAdam", "FusedAdam", "FusedLamb", "OnebitAdam", "OnebitLamb", "ZeroOneAdam"})
-_reported: set[str] = set()  # bare names held by another library, logged once
+from .registry import OPTIMIZERS, register
 
 
 def _entry_factory(spec: OptimizerSpec):
@@ -41,27 +37,9 @@ def _entry_factory(spec: OptimizerSpec):
 
 
 def register_optimizers() -> None:
-    """(Re)register every core optimizer in our scope, and in the root where the name is free."""
+    """(Re)register every core optimizer in our scope, and bare in the root where the name is free."""
     _root.OPTIMIZERS.import_from_location()  # torch.optim's entries first: we never shadow them
-    named = {}
     for name in list_optimizers():
         spec = get_spec(name)
-        named[spec.cls.__name__] = spec.cls
-        named[name] = _entry_factory(spec)
-    for name, obj in named.items():
-        OPTIMIZERS.register_module(name=name, module=obj, force=True)
-        if name in DEEPSPEED_NAMES:
-            continue
-        taken = _root.OPTIMIZERS.module_dict.get(name)
-        if taken is None:
-            _root.OPTIMIZERS.register_module(name=name, module=obj)
-        elif _ours(taken) is not _ours(obj) and name not in _reported:
-            _reported.add(name)
-            print_log(f"mmengine_optim: the bare optimizer name {name!r} belongs to "
-                      f"{taken.__module__}.{taken.__qualname__}; use type='mmengine_optim.{name}' for ours",
-                      logger="current")
-
-
-def _ours(obj):
-    """What a registered object stands for: a class, or the core entry one of our factories makes."""
-    return getattr(obj, "entry", obj)
+        register(OPTIMIZERS, spec.cls)
+        register(OPTIMIZERS, _entry_factory(spec))

@@ -3,18 +3,37 @@
 A config names ``type='mmengine_optim.FusedLAMB'`` (or any entry here) without ``custom_imports``:
 for an unknown scope mmengine imports ``'<scope>.registry'`` — this module, whose package import
 registers everything — and looks the name up in the child registry of that scope. Names inside
-our scope never clash with what other libraries put in mmengine's root registries.
+our scope never clash with what other libraries put in mmengine's root registries; each name is
+also registered bare in the root where that is free (see :func:`register_bare`).
 """
 
 from __future__ import annotations
 
 from mmengine import registry as _root
+from mmengine.logging import print_log
 
 SCOPE = "mmengine_optim"
 
+# Registered into mmengine's root OPTIMIZERS by DeepSpeedStrategy.__init__ without force=True.
+DEEPSPEED_NAMES = frozenset({"DeepSpeedCPUAdam", "FusedAdam", "FusedLamb", "OnebitAdam", "OnebitLamb", "ZeroOneAdam"})
+_reported: set[str] = set()  # bare names held by another library, logged once
+
+
+class _ScopedRegistry(_root.Registry):
+    """A child registry whose unknown names raise ``KeyError`` naming the key and the registry.
+    (mmengine's optimizer constructor calls ``get`` directly and would otherwise fail with
+    ``TypeError: None is not a callable object``.)"""
+
+    def get(self, key: str):
+        obj = super().get(key)
+        if obj is None:
+            raise KeyError(f"{key.split('.')[-1]} is not in the {SCOPE}::{self.name} registry; "
+                           f"it has: {', '.join(sorted(self.module_dict))}")
+        return obj
+
 
 def _child(root):
-    return _root.Registry(root.name, parent=root, scope=SCOPE, locations=[SCOPE])
+    return _ScopedRegistry(root.name, parent=root, scope=SCOPE, locations=[SCOPE])
 
 
 OPTIMIZERS = _child(_root.OPTIMIZERS)
@@ -23,3 +42,26 @@ HOOKS = _child(_root.HOOKS)
 MODELS = _child(_root.MODELS)
 DATASETS = _child(_root.DATASETS)
 METRICS = _child(_root.METRICS)
+
+
+def register_bare(child: _root.Registry, name: str, obj) -> None:
+    """Also register ``obj`` under its bare ``name`` in ``child``'s root registry (for configs that
+    use ``custom_imports``), unless the name is taken — by another library (logged once; ours
+    stays reachable as ``mmengine_optim.<name>``) — or is claimed later by DeepSpeedStrategy."""
+    root = child.parent
+    if root is _root.OPTIMIZERS and name in DEEPSPEED_NAMES:
+        return
+    taken = root.module_dict.get(name)
+    if taken is None:
+        root.register_module(name=name, module=obj)
+    elif getattr(taken, "entry", taken) != getattr(obj, "entry", obj) and (root.name, name) not in _reported:
+        _reported.add((root.name, name))
+        print_log(f"{SCOPE}: the bare {root.name} name {name!r} belongs to {taken.__module__}.{taken.__qualname__}; "
+                  f"use type='{SCOPE}.{name}' for ours", logger="current")
+
+
+def register(child: _root.Registry, obj, name: str | None = None) -> None:
+    """Register ``obj`` in our scope (replacing an older entry of ours) and bare where free."""
+    name = name or obj.__name__
+    child.register_module(name=name, module=obj, force=True)
+    register_bare(child, name, obj)

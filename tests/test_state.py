@@ -68,6 +68,7 @@ def test_save_and_reload_mid_run_continues_identically(case, fused):
             q.copy_(saved)
     b = case.make_ours(gb, fused=fused)
     b.load_state_dict(ckpt["optim"])
+    assert b.state_dict()["param_groups"] == a.state_dict()["param_groups"]  # no key gained or lost
     for step in range(6, 14):
         set_grads(ga, gb, step)
         a.step()

@@ -1,0 +1,122 @@
+"""mmengine_optim through mmengine's Runner: every config trains, schedules count updates (⌊τ⌋
+with AdaScale), τ-target stop with a checkpoint, resume under weights_only, clear config errors."""
+
+import itertools
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from mmengine.config import Config
+
+import fused_optim
+from mmengine_optim.train import main
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((ROOT / "configs").glob("*.py"))
+FRAGMENTS = sorted((ROOT / "configs" / "_base_").rglob("*.py"))
+BASELINE = ROOT / "configs" / "digits_fused_sgd.py"
+ADASCALE = ROOT / "configs" / "digits_fused_sgd_adascale.py"
+_runs = itertools.count()
+
+
+def train(config, work_dir, *options, resume=None):
+    """``python -m mmengine_optim.train`` in this process; quiet logs, no validation unless asked."""
+    argv = [str(config), "--work-dir", str(work_dir), "--cfg-options", f"experiment_name=run{next(_runs)}",
+            "log_level=WARNING", "train_cfg.val_interval=1000", *options]
+    return main(argv + (["--resume", str(resume)] if resume else []))
+
+
+def params(runner):
+    return [p.detach().clone() for p in runner.model.parameters()]
+
+
+def test_the_configs_are_there():
+    assert {p.name for p in CONFIGS} >= {"digits_fused_sgd.py", "digits_fused_sgd_adascale.py",
+                                         "digits_fused_lamb_amp.py", "digits_adamw_paramwise.py"}
+    names = {p.stem for p in (ROOT / "configs" / "_base_" / "optimizers").glob("*.py")}
+    classes = {fused_optim.registry.get_spec(n).cls for n in fused_optim.list_optimizers()}
+    built = {Config.fromfile(ROOT / "configs/_base_/optimizers" / f"{n}.py").optimizer.type for n in names}
+    assert {c.__name__ for c in classes} == {t.split(".")[-1] for t in built}  # a fragment per optimizer class
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_trains(config, tmp_path):
+    cfg = Config.fromfile(config)
+    accum = cfg.optim_wrapper.get("accumulative_counts", 1)
+    runner = train(config, tmp_path, f"train_cfg.max_iters={4 * accum}", "train_cfg.val_interval=2")
+    assert runner.iter == 4 * accum
+    assert all(torch.isfinite(p).all() for p in params(runner))
+    scalars = runner.message_hub.log_scalars
+    assert math.isfinite(scalars["val/loss"].current()) and 0 <= scalars["val/accuracy"].current() <= 100
+
+
+@pytest.mark.parametrize("fragment", sorted((ROOT / "configs/_base_/optimizers").glob("*.py")), ids=lambda p: p.stem)
+def test_every_optimizer_fragment_trains(fragment, tmp_path):
+    cfg = Config.fromfile(BASELINE)
+    cfg.optim_wrapper.optimizer = Config.fromfile(fragment).optimizer
+    cfg.dump(tmp_path / "config.py")
+    runner = train(tmp_path / "config.py", tmp_path, "train_cfg.max_iters=4")
+    assert type(runner.optim_wrapper.optimizer).__name__ == cfg.optim_wrapper.optimizer.type.split(".")[-1]
+    assert runner.optim_wrapper.optimizer.implementation == "fused"
+    assert all(torch.isfinite(p).all() for p in params(runner))
+
+
+@pytest.mark.parametrize("fragment", FRAGMENTS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_every_fragment_loads(fragment):
+    assert Config.fromfile(fragment).to_dict()
+
+
+def test_schedulers_step_once_per_update(tmp_path):
+    """accumulative_counts=2, 10 micro-batches = 5 updates; MultiStepLR milestones at updates 2, 4."""
+    runner = train(BASELINE, tmp_path, "optim_wrapper.accumulative_counts=2", "train_cfg.max_iters=10",
+                   "param_scheduler.0.milestones=[2,4]")
+    (scheduler,) = runner.param_schedulers
+    assert scheduler._global_step == 5
+    assert runner.optim_wrapper.get_lr()["lr"] == [pytest.approx(0.1 * 0.1**2)]
+
+
+def test_schedulers_follow_tau_with_adascale_and_stop_at_the_target(tmp_path):
+    runner = train(ADASCALE, tmp_path, "default_hooks.param_scheduler.max_scale_invariant_iters=9",
+                   "param_scheduler.0.milestones=[3,6]")
+    tau = runner.optim_wrapper.scale_invariant_iter
+    (scheduler,) = runner.param_schedulers
+    updates = runner.iter // 4
+    assert 9 <= tau < 9 + 4 and updates < tau  # gains > 1: fewer updates than τ
+    assert scheduler._global_step == math.floor(tau)
+    assert runner.optim_wrapper.get_lr()["lr"] == [pytest.approx(0.1 * 0.1**2)]
+    assert runner.iter % 4 == 0 and runner.iter < 1600  # stopped early, after an update
+    saved = tmp_path / f"iter_{runner.iter}.pth"
+    assert (tmp_path / "last_checkpoint").read_text().strip() == str(saved)
+    checkpoint = torch.load(saved)  # weights_only (torch's default)
+    assert checkpoint["optimizer"]["adascale"]["scale_invariant_steps"] == tau
+
+
+def test_resume_continues_identically_under_weights_only(tmp_path):
+    assert os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") is None
+    options = ["train_cfg.max_iters=24", "default_hooks.checkpoint.interval=12",
+               "default_hooks.param_scheduler.max_scale_invariant_iters=None", "param_scheduler.0.milestones=[5,9]"]
+    whole = train(ADASCALE, tmp_path / "whole", *options)
+    resumed = train(ADASCALE, tmp_path / "resumed", *options, resume=tmp_path / "whole" / "iter_12.pth")
+    assert resumed.optim_wrapper.scale_invariant_iter == whole.optim_wrapper.scale_invariant_iter
+    for a, b in zip(params(resumed), params(whole)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    end_whole, end_resumed = (torch.load(tmp_path / d / "iter_24.pth") for d in ("whole", "resumed"))
+    torch.testing.assert_close(end_resumed["optimizer"], end_whole["optimizer"], rtol=0, atol=0)
+    assert end_resumed["param_schedulers"] == end_whole["param_schedulers"]
+
+
+def test_unknown_optimizer_name_is_a_registry_error(tmp_path):
+    with pytest.raises(KeyError, match="FusedSGDD is not in the mmengine_optim::optimizer registry"):
+        train(BASELINE, tmp_path, "optim_wrapper.optimizer.type=mmengine_optim.FusedSGDD")
+
+
+def test_wrong_optimizer_argument_names_the_key(tmp_path):
+    with pytest.raises(TypeError, match="FusedSGD.*unexpected keyword argument 'lrr'"):
+        train(BASELINE, tmp_path, "optim_wrapper.optimizer.lrr=0.1")
+
+
+def test_bad_optimizer_value_is_the_optimizer_error(tmp_path):
+    with pytest.raises(ValueError, match="Invalid learning rate: -0.1"):
+        train(BASELINE, tmp_path, "optim_wrapper.optimizer.lr=-0.1")
