@@ -48,9 +48,9 @@ class DigitsClassifier(BaseModel):
 
 
 class DigitsAccuracy(BaseMetric):
-    """``accuracy`` (percent) and mean cross-entropy ``loss`` over the validation set."""
+    """``digits/accuracy`` (percent) and mean cross-entropy ``digits/loss`` over the validation set."""
 
-    default_prefix = None  # the message hub says val/accuracy, val/loss
+    default_prefix = "digits"  # the message hub gets val/digits/accuracy, val/digits/loss
 
     def process(self, data_batch, data_samples: list[dict]) -> None:
         self.results.extend(data_samples)

@@ -49,7 +49,7 @@ def test_every_config_trains(config, tmp_path):
     assert runner.iter == 4 * accum
     assert all(torch.isfinite(p).all() for p in params(runner))
     scalars = runner.message_hub.log_scalars
-    assert math.isfinite(scalars["val/loss"].current()) and 0 <= scalars["val/accuracy"].current() <= 100
+    assert math.isfinite(scalars["val/digits/loss"].current()) and 0 <= scalars["val/digits/accuracy"].current() <= 100
 
 
 @pytest.mark.parametrize("fragment", sorted((ROOT / "configs/_base_/optimizers").glob("*.py")), ids=lambda p: p.stem)

@@ -1,0 +1,57 @@
+"""2-process CPU DDP through ``torchrun -m mmengine_optim.train --launcher pytorch``: the gloo and
+``device_ids`` workarounds are built in, and the ranks agree on τ and params."""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+RANK_DUMP = '''
+import torch
+import torch.distributed as dist
+from mmengine.hooks import Hook
+from mmengine.registry import HOOKS
+
+
+@HOOKS.register_module()
+class RankDumpHook(Hook):
+    """Each rank writes its τ, world size and params at the end of training."""
+
+    def after_train(self, runner):
+        wrapper = runner.optim_wrapper
+        torch.save(dict(tau=wrapper.scale_invariant_iter, world_size=wrapper.optimizer.world_size,
+                        iters=runner.iter, params=[p.detach().clone() for p in runner.model.parameters()],
+                        ddp=type(runner.model).__name__),
+                   f"{runner.work_dir}/rank{dist.get_rank()}.pt")
+'''
+
+
+def test_two_rank_cpu_ddp_agrees_on_tau_and_params(tmp_path):
+    (tmp_path / "rank_dump.py").write_text(RANK_DUMP)
+    (tmp_path / "ddp.py").write_text(
+        f"_base_ = [{str(ROOT / 'configs' / 'digits_fused_sgd_adascale.py')!r}]\n"
+        "custom_imports = dict(imports=['rank_dump'], allow_failed_imports=False)\n"
+        "custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'), dict(type='RankDumpHook')]\n"
+        "train_cfg = dict(max_iters=12, val_interval=1000)\n"
+        "default_hooks = dict(logger=dict(interval=4))\n")
+    inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tmp_path), *inherited]))
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "mmengine_optim.train", str(tmp_path / "ddp.py"), "--launcher", "pytorch",
+           "--work-dir", str(tmp_path / "work")]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    ranks = [torch.load(tmp_path / "work" / f"rank{r}.pt") for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2] and [r["iters"] for r in ranks] == [12, 12]
+    assert ranks[0]["ddp"] == "MMDistributedDataParallel"
+    assert ranks[0]["tau"] == ranks[1]["tau"] > 3  # 3 updates with gains > 1
+    for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
