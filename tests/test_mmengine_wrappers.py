@@ -84,7 +84,8 @@ def test_adascale_wrapper_needs_more_than_one_micro_batch():
 
 def _clip_twins(clip_grad, loss_scale=None):
     model_f, groups_f = model_and_groups(two_groups=True)
-    fused = FusedOptimWrapper(FusedAdam(groups_f, lr=0.01, weight_decay=0.01), 2, clip_grad=dict(clip_grad), loss_scale=loss_scale)
+    fused = FusedOptimWrapper(FusedAdam(groups_f, lr=0.01, weight_decay=0.01), 2, clip_grad=dict(clip_grad),
+                              loss_scale=loss_scale)
     model_t, groups_t = model_and_groups(two_groups=True)
     stock = OptimWrapper(torch.optim.AdamW(groups_t, lr=0.01, weight_decay=0.01), 2, clip_grad=dict(clip_grad))
     return (model_f, fused), (model_t, stock)
