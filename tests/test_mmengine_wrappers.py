@@ -10,7 +10,7 @@ from mmengine.optim import OptimWrapper
 
 from fused_optim import AdaScale, FusedAdam, FusedSGD
 from mmengine_optim import AdaScaleOptimWrapper, FusedOptimWrapper, LossScaler
-from tests.adascale_loops import backward_window, micro_batch, model_and_groups
+from adascale_loops import backward_window, micro_batch, model_and_groups
 
 STEPS = 10
 
