@@ -36,6 +36,13 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
             raise ValueError(f"Invalid max_scale_invariant_iters: {max_scale_invariant_iters!r} (a number > 0)")
         self.max_scale_invariant_iters = max_scale_invariant_iters
 
+    def before_train(self, runner) -> None:
+        if self.max_scale_invariant_iters is not None and not hasattr(runner.optim_wrapper, "scale_invariant_iter"):
+            raise ValueError(
+                f"UpdateParamSchedulerHook(max_scale_invariant_iters={self.max_scale_invariant_iters}) needs τ, which "
+                f"{type(runner.optim_wrapper).__name__} does not count: use "
+                "optim_wrapper=dict(type='mmengine_optim.AdaScaleOptimWrapper', ...), or stop by train_cfg.max_iters")
+
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if runner.param_schedulers is None:
             return

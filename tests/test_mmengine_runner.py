@@ -120,3 +120,8 @@ def test_wrong_optimizer_argument_names_the_key(tmp_path):
 def test_bad_optimizer_value_is_the_optimizer_error(tmp_path):
     with pytest.raises(ValueError, match="Invalid learning rate: -0.1"):
         train(BASELINE, tmp_path, "optim_wrapper.optimizer.lr=-0.1")
+
+
+def test_a_tau_target_without_adascale_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="max_scale_invariant_iters=5.*AdaScaleOptimWrapper"):
+        train(BASELINE, tmp_path, "default_hooks.param_scheduler.max_scale_invariant_iters=5")
