@@ -91,7 +91,8 @@ class FusedOptimWrapper(OptimWrapper):
                 self._clip_grad()
             self.optimizer.step(**kwargs)
             return
-        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
         if not grads:
             self.optimizer.step(**kwargs)
             return
@@ -105,9 +106,7 @@ class FusedOptimWrapper(OptimWrapper):
             self.message_hub.update_scalar("train/grad_norm", float(norm))
             divisor = s / (self.clip_grad_kwargs["max_norm"] / (norm + 1e-6)).clamp(max=1.0)
         elif self.clip_grad_kwargs:  # by value, on the scaled grads
-            torch.nn.utils.clip_grad_value_(
-                [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None],
-                self.clip_grad_kwargs["clip_value"] * float(s))
+            torch.nn.utils.clip_grad_value_(params, self.clip_grad_kwargs["clip_value"] * float(s))
         self._amp_step(divisor, found_inf, s, **kwargs)
         if self.loss_scaler is not None:
             self.loss_scaler.update(found_inf)
