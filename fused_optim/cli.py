@@ -1,4 +1,4 @@
-"""The ``fused-optim`` command: ``info``, ``build``, ``bench``."""
+"""The ``fused-optim`` command: ``info``, ``build``, ``bench``, ``demo``."""
 
 from __future__ import annotations
 
@@ -45,6 +45,14 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
+             lr=args.lr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-optim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -57,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="param lists to run (default: all; quick: 1M 25M)")
     bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
     bench.set_defaults(fn=cmd_bench)
+    demo = sub.add_parser("demo", help="AdaScale vs a small-batch baseline and linear lr scaling on digits: "
+                                       "table and plot")
+    demo.add_argument("--quick", action="store_true", help="a 5× shorter budget (a smoke run, ~30 s)")
+    demo.add_argument("--scales", nargs="+", type=int, default=[4, 8], metavar="S",
+                      help="batch scales, each dividing the budget (default: 4 8; the smallest even one also runs "
+                           "as 2-process DDP)")
+    demo.add_argument("--framework", choices=["lightning", "mmengine"], default="lightning",
+                      help="train through Lightning (default) or mmengine's Runner and configs")
+    demo.add_argument("--seed", type=int, default=0, help="init and data order (default 0)")
+    demo.add_argument("--lr", type=float, default=None, help="the baseline's lr (default 0.05; others scale it)")
+    demo.add_argument("--out", default="demo-results", help="output directory (default: demo-results)")
+    demo.set_defaults(fn=cmd_demo)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -19,7 +19,9 @@ def test_wheel_contains_csrc_and_entry_point(tmp_path):
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "fused_optim" / "csrc").rglob("*")
                if p.suffix in (".h", ".cpp", ".cu", ".cuh")}
     assert sources and sources <= names, sources - names
-    assert {"lightning_optim/__init__.py", "mmengine_optim/__init__.py"} <= names
+    modules = {p.relative_to(ROOT).as_posix() for package in ("fused_optim", "lightning_optim", "mmengine_optim")
+               for p in (ROOT / package).rglob("*.py")}
+    assert modules <= names, modules - names  # subpackages too (setuptools lists packages one by one)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "fused-optim = fused_optim.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
