@@ -5,6 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 
+DEMO_ARGS ?=
+
 .PHONY: test demo install
 
 $(PY):
@@ -22,5 +24,6 @@ test: install
 	$(VENV)/bin/fused-optim build
 	$(VENV)/bin/pytest -q
 
+# `make demo DEMO_ARGS="--quick --framework mmengine"` passes options to `fused-optim demo`.
 demo: install
-	$(VENV)/bin/fused-optim bench --quick
+	$(VENV)/bin/fused-optim demo $(DEMO_ARGS)

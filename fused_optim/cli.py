@@ -48,8 +48,12 @@ def cmd_bench(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
-    run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
-             lr=args.lr)
+    try:
+        run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
+                 lr=args.lr)
+    except ValueError as exc:  # bad options: plan_runs / Setup name the parameter and the fix
+        print(f"fused-optim demo: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -79,10 +79,8 @@ class RecordingProgressBar(ProgressBar):
         if not trainer.is_global_zero or trainer.global_step == self.recorder.steps:
             return  # a micro-batch that only accumulated
         opt = trainer.strategy.optimizers[0]
-        if isinstance(opt, AdaScale):
-            self.recorder.update(pl_module.net, trainer.global_step, opt.scale_invariant_steps, opt.gain())
-        else:
-            self.recorder.update(pl_module.net, trainer.global_step)
+        tau = opt.scale_invariant_steps if isinstance(opt, AdaScale) else None
+        self.recorder.update(pl_module.net, trainer.global_step, tau)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:

@@ -64,17 +64,26 @@ def build_config(args: argparse.Namespace) -> Config:
             _CHECKPOINT_HOOK, "WeightsOnlyCheckpointHook", WeightsOnlyCheckpointHook)) for h in hooks):
         hooks.append(dict(type=_CHECKPOINT_HOOK))
     cfg.custom_hooks = hooks
-    if args.launcher != "none" and not torch.cuda.is_available() and cfg.get("model_wrapper_cfg") is None:
+    return cfg
+
+
+def prepare_cpu_ddp(cfg: Config) -> None:
+    """DDP without CUDA for a config with a launcher: the model wrapper without ``device_ids``
+    (unless the config has its own), and the gloo process group (from the launcher's env
+    variables), so the Runner skips mmengine's CUDA-only ``init_dist``. Nothing otherwise."""
+    if cfg.get("launcher", "none") == "none" or torch.cuda.is_available():
+        return
+    if cfg.get("model_wrapper_cfg") is None:
         cfg.model_wrapper_cfg = dict(type="MMDistributedDataParallel", device_ids=None, broadcast_buffers=False,
                                      find_unused_parameters=cfg.get("find_unused_parameters", False))
-    return cfg
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
 
 
 def main(argv: list[str] | None = None) -> Runner:
     args = parse_args(argv)
     cfg = build_config(args)
-    if args.launcher != "none" and not torch.cuda.is_available() and not dist.is_initialized():
-        dist.init_process_group("gloo")  # the Runner then skips mmengine's CUDA-only init_dist
+    prepare_cpu_ddp(cfg)
     runner = Runner.from_cfg(cfg)
     runner.train()
     return runner

@@ -50,12 +50,14 @@ class Recorder:
                          bar_format="{desc}: {percentage:3.0f}%|{bar}| τ {n:.0f}/{total:.0f} [{elapsed}{postfix}]")
         self._evaluate(model)
 
-    def update(self, model: nn.Module, steps: int, tau: float | None = None, gain: float | None = None) -> None:
-        """After update number ``steps`` (τ and gain: AdaScale's, else None)."""
+    def update(self, model: nn.Module, steps: int, tau: float | None = None) -> None:
+        """After update number ``steps``; ``tau``: AdaScale's τ (None for a fixed-lr run). The gain
+        recorded is the update's increment of τ: the gain its lr got (also for a short window at
+        an epoch's end, whose gain has a smaller scale than the next :meth:`AdaScale.gain`)."""
         if tau is None:
             tau = steps * self.run.nominal_gain
         else:
-            self.gains.append(dict(step=steps, tau=tau, gain=gain))
+            self.gains.append(dict(step=steps, tau=tau, gain=tau - self.tau))
         self.steps, self.tau = steps, tau
         self._bar.update(min(tau, self.setup.budget) - self._bar.n)
         if tau >= self._next_eval - 1e-9:
