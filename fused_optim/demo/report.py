@@ -24,8 +24,9 @@ def table(results: list[dict], setup: Setup, framework: str) -> str:
 
 def plot(results: list[dict], setup: Setup, path: Path) -> None:
     """Three panels: validation loss vs τ, validation loss vs optimizer updates (every run), and
-    the AdaScale gain over τ (gray lines: the scales S, the gain's upper bound). Linear scaling
-    is dashed, the DDP run dotted."""
+    the gain of every AdaScale update over τ (gray lines: the scales S, the gain's upper bound;
+    a Lightning epoch's short last window has a smaller one). Linear scaling is dashed, the DDP
+    run dotted (crosses in the gain panel)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +43,8 @@ def plot(results: list[dict], setup: Setup, path: Path) -> None:
         by_tau.plot([c["tau"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **style)
         by_step.plot([c["step"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **style)
         if r["gains"]:
-            gain.plot([g["tau"] for g in r["gains"]], [g["gain"] for g in r["gains"]], **style)
+            gain.plot([g["tau"] for g in r["gains"]], [g["gain"] for g in r["gains"]], color=style["color"],
+                      marker="o" if run["world_size"] == 1 else "x", markersize=1.5, linestyle="none")
     for s in sorted({r["run"]["scale"] for r in results if r["gains"]}):
         gain.axhline(s, color="gray", linestyle=":", linewidth=0.8)
     for ax, x, xlabel in ((by_tau, "τ", "τ (scale-invariant steps; linear scaling: S per update)"),
