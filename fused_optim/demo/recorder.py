@@ -27,8 +27,8 @@ def evaluate(model: nn.Module, images: Tensor, labels: Tensor) -> tuple[float, f
 
 class Recorder:
     """Observes one run on rank 0. The framework adapter calls :meth:`start`, then
-    :meth:`update` after every optimizer update (with τ and the gain for AdaScale; a fixed-lr run's
-    τ is ``updates × run.nominal_gain``), then :meth:`finish`, which writes ``<out>/<run.name>.json``.
+    :meth:`update` after every optimizer update (with τ for AdaScale; a fixed-lr run's τ is
+    ``updates × run.nominal_gain``), then :meth:`finish`, which writes ``<out>/<run.name>.json``.
 
     The model is validated at τ = 0, whenever τ passes the next of ``setup.evaluations`` evenly
     spaced points up to the budget, and after the last update.
