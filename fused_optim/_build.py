@@ -43,6 +43,22 @@ def cpu_sources() -> list[str]:
     return sorted(str(p) for p in (CSRC / "cpu").glob("*.cpp"))
 
 
+# The CUDA kernels (csrc/cuda/*.cu) need only CUDA headers, so they compile without a GPU and
+# without torch: for every architecture we target, warnings as errors.
+CUDA_ARCHS = ("80", "90")
+NVCC_FLAGS = ["-std=c++17", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
+              *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
+
+
+def cuda_sources() -> list[str]:
+    return sorted(str(p) for p in (CSRC / "cuda").glob("*.cu"))
+
+
+def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
+    """The nvcc command that compiles one kernel file to an object (the compile check)."""
+    return [nvcc, *NVCC_FLAGS, "-c", source, "-o", output]
+
+
 def translation_units(directory: Path) -> list[str]:
     """The files to compile: one per core, each ``#include``-ing a share of ``cpu_sources()``.
 

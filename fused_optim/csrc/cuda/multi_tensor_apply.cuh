@@ -1,0 +1,165 @@
+// The only CUDA launcher: applies a functor to every element of several lists of equally long
+// tensors (params, grads, state...) in as few launches as the kernel-argument space allows.
+//
+// Needs only CUDA: tensors arrive as pointers and sizes, scalars as values or device pointers
+// (lr, grad_scale, found_inf stay on the device: no host sync, graph-capturable). The torch
+// binding (a thin file) turns tensor lists into these arrays.
+//
+// Work split: each tensor is cut into chunks of kChunkSize elements; one block handles one chunk.
+// A launch carries up to MaxTensors<Depth> tensors and kMaxBlocks chunks in its metadata, passed
+// by value in the kernel arguments (under the 4 KB limit every architecture has); a tensor whose
+// chunks do not fit continues in the next launch. Offsets are 64-bit, so tensors over 2^31
+// elements work.
+//
+// Inside a chunk, for_each_element gives the functor's op registers of opmath (float for
+// half/bfloat16/float, double for double): 16-byte vector loads and stores when every list's
+// pointer is 16-byte aligned, else scalar ones; a chunk's tail shorter than a vector is scalar.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fused_optim {
+namespace cuda {
+
+constexpr int kBlockSize = 512;
+constexpr int64_t kChunkSize = 65536;
+constexpr int kMaxBlocks = 320;
+
+template <int Depth>
+struct MaxTensors;  // as many tensors as fit next to kMaxBlocks chunks in ~3.5 KB
+template <> struct MaxTensors<1> { static constexpr int value = 96; };
+template <> struct MaxTensors<2> { static constexpr int value = 64; };
+template <> struct MaxTensors<3> { static constexpr int value = 48; };
+template <> struct MaxTensors<4> { static constexpr int value = 36; };
+template <> struct MaxTensors<5> { static constexpr int value = 30; };
+
+template <int Depth>
+struct TensorListMetadata {
+  static constexpr int kMaxTensors = MaxTensors<Depth>::value;
+  void* addresses[Depth][kMaxTensors];
+  int64_t sizes[kMaxTensors];
+  int32_t tensor_index[kMaxTensors];  // position in the caller's lists (per-tensor values, norms)
+  unsigned char block_to_tensor[kMaxBlocks];
+  int32_t block_to_chunk[kMaxBlocks];
+};
+
+static_assert(sizeof(TensorListMetadata<5>) <= 3600, "kernel arguments must stay under 4 KB");
+static_assert(sizeof(TensorListMetadata<1>) <= 3600, "kernel arguments must stay under 4 KB");
+
+template <typename T> struct OpMath { using type = float; };
+template <> struct OpMath<double> { using type = double; };
+template <typename T> using opmath_t = typename OpMath<T>::type;
+
+template <typename T> __device__ __forceinline__ opmath_t<T> to_opmath(T x) { return static_cast<opmath_t<T>>(x); }
+template <> __device__ __forceinline__ float to_opmath<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_opmath<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_opmath(opmath_t<T> x) { return static_cast<T>(x); }
+template <> __device__ __forceinline__ __half from_opmath<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_opmath<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// The chunk a block works on: tensor slot, caller's tensor index, element range [begin, end).
+struct Chunk {
+  int slot;
+  int32_t tensor;
+  int64_t begin, end;
+};
+
+template <int Depth>
+__device__ __forceinline__ Chunk chunk_of_block(const TensorListMetadata<Depth>& meta) {
+  const int slot = meta.block_to_tensor[blockIdx.x];
+  const int64_t begin = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t end = begin + kChunkSize < meta.sizes[slot] ? begin + kChunkSize : meta.sizes[slot];
+  return {slot, meta.tensor_index[slot], begin, end};
+}
+
+// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath; lists
+// [0, Mutable) are stored back. All lists hold T.
+template <typename T, int Depth, int Mutable, typename Op>
+__device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
+  using M = opmath_t<T>;
+  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
+  T* ptrs[Depth];
+  bool aligned = true;
+  for (int d = 0; d < Depth; ++d) {
+    ptrs[d] = static_cast<T*>(meta.addresses[d][chunk.slot]);
+    aligned = aligned && (reinterpret_cast<uintptr_t>(ptrs[d]) % 16 == 0);
+  }
+  int64_t i = chunk.begin;
+  if (aligned) {  // begin is a multiple of kChunkSize, hence of kVec: the vectors stay aligned
+    const int64_t vec_end = chunk.begin + (chunk.end - chunk.begin) / kVec * kVec;
+    for (int64_t v = chunk.begin + static_cast<int64_t>(threadIdx.x) * kVec; v < vec_end;
+         v += static_cast<int64_t>(blockDim.x) * kVec) {
+      alignas(16) T raw[Depth][kVec];
+      for (int d = 0; d < Depth; ++d) *reinterpret_cast<uint4*>(raw[d]) = *reinterpret_cast<const uint4*>(ptrs[d] + v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        M x[Depth];
+#pragma unroll
+        for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(raw[d][e]);
+        op(x);
+#pragma unroll
+        for (int d = 0; d < Mutable; ++d) raw[d][e] = from_opmath<T>(x[d]);
+      }
+      for (int d = 0; d < Mutable; ++d) *reinterpret_cast<uint4*>(ptrs[d] + v) = *reinterpret_cast<const uint4*>(raw[d]);
+    }
+    i = vec_end;
+  }
+  for (int64_t j = i + threadIdx.x; j < chunk.end; j += blockDim.x) {
+    M x[Depth];
+#pragma unroll
+    for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(ptrs[d][j]);
+    op(x);
+#pragma unroll
+    for (int d = 0; d < Mutable; ++d) ptrs[d][j] = from_opmath<T>(x[d]);
+  }
+}
+
+template <int Depth, typename Functor, typename Args>
+__global__ void __launch_bounds__(kBlockSize) multi_tensor_kernel(TensorListMetadata<Depth> meta, Args args) {
+  Functor::apply(meta, args);
+}
+
+// Launches Functor::apply(meta, args) over n tensors; pointers[d * n + t] is list d's tensor t,
+// sizes[t] its element count (every list's tensor t has it). Empty tensors are skipped.
+template <int Depth, typename Functor, typename Args>
+void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, const Args& args,
+                        cudaStream_t stream) {
+  constexpr int kMaxTensors = MaxTensors<Depth>::value;
+  TensorListMetadata<Depth> meta;
+  int tensors = 0, blocks = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (sizes[t] == 0) continue;
+    for (int d = 0; d < Depth; ++d) meta.addresses[d][tensors] = pointers[d * n + t];
+    meta.sizes[tensors] = sizes[t];
+    meta.tensor_index[tensors] = static_cast<int32_t>(t);
+    ++tensors;
+    const int64_t chunks = (sizes[t] + kChunkSize - 1) / kChunkSize;
+    for (int64_t c = 0; c < chunks; ++c) {
+      meta.block_to_tensor[blocks] = static_cast<unsigned char>(tensors - 1);
+      meta.block_to_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      if (blocks == kMaxBlocks || (tensors == kMaxTensors && last_chunk)) {
+        multi_tensor_kernel<Depth, Functor><<<blocks, kBlockSize, 0, stream>>>(meta, args);
+        blocks = 0;
+        if (last_chunk) {
+          tensors = 0;
+        } else {  // the tensor goes on in the next launch, as its first slot
+          for (int d = 0; d < Depth; ++d) meta.addresses[d][0] = meta.addresses[d][tensors - 1];
+          meta.sizes[0] = meta.sizes[tensors - 1];
+          meta.tensor_index[0] = meta.tensor_index[tensors - 1];
+          tensors = 1;
+        }
+      }
+    }
+  }
+  if (blocks > 0) multi_tensor_kernel<Depth, Functor><<<blocks, kBlockSize, 0, stream>>>(meta, args);
+}
+
+}  // namespace cuda
+}  // namespace fused_optim
