@@ -77,11 +77,21 @@ __device__ __forceinline__ Chunk chunk_of_block(const TensorListMetadata<Depth>&
   return {slot, meta.tensor_index[slot], begin, end};
 }
 
+// One element: x[d] = list d's value (element(d), a T&) in opmath; op(x); lists [0, Mutable) stored back.
+template <typename T, int Depth, int Mutable, typename Op, typename Element>
+__device__ __forceinline__ void apply_at(Op& op, Element element) {
+  opmath_t<T> x[Depth];
+#pragma unroll
+  for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(element(d));
+  op(x);
+#pragma unroll
+  for (int d = 0; d < Mutable; ++d) element(d) = from_opmath<T>(x[d]);
+}
+
 // Calls op(x) on each element of the chunk, x[d] being list d's element in opmath; lists
 // [0, Mutable) are stored back. All lists hold T.
 template <typename T, int Depth, int Mutable, typename Op>
 __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
-  using M = opmath_t<T>;
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
   T* ptrs[Depth];
   bool aligned = true;
@@ -97,25 +107,13 @@ __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>
       alignas(16) T raw[Depth][kVec];
       for (int d = 0; d < Depth; ++d) *reinterpret_cast<uint4*>(raw[d]) = *reinterpret_cast<const uint4*>(ptrs[d] + v);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        M x[Depth];
-#pragma unroll
-        for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(raw[d][e]);
-        op(x);
-#pragma unroll
-        for (int d = 0; d < Mutable; ++d) raw[d][e] = from_opmath<T>(x[d]);
-      }
+      for (int e = 0; e < kVec; ++e) apply_at<T, Depth, Mutable>(op, [&](int d) -> T& { return raw[d][e]; });
       for (int d = 0; d < Mutable; ++d) *reinterpret_cast<uint4*>(ptrs[d] + v) = *reinterpret_cast<const uint4*>(raw[d]);
     }
     i = vec_end;
   }
   for (int64_t j = i + threadIdx.x; j < chunk.end; j += blockDim.x) {
-    M x[Depth];
-#pragma unroll
-    for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(ptrs[d][j]);
-    op(x);
-#pragma unroll
-    for (int d = 0; d < Mutable; ++d) ptrs[d][j] = from_opmath<T>(x[d]);
+    apply_at<T, Depth, Mutable>(op, [&](int d) -> T& { return ptrs[d][j]; });
   }
 }
 
