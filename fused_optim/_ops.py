@@ -11,6 +11,9 @@ Update ops (``sgd_``, ``sign_sgd_``, ``lars_``, ``colossal_lars_``, ``sparsified
 the algorithm's state lists, its per-step lists and keyword scalars, plus the optional
 ``grad_scale`` / ``found_inf`` of ``torch.amp.GradScaler``: grads are divided by ``grad_scale``
 inside the op, and nothing at all changes when ``found_inf`` is non-zero (step counters included).
+``lr_tensor`` (one element), when given, is the learning rate and ``lr`` is ignored: on CUDA the
+kernels read it, ``grad_scale`` and ``found_inf`` on the device, so a step does no host sync and a
+CUDA graph replay sees the tensor's current value (torch.optim's Tensor lr).
 The momentum ops' ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
 torch.optim's first step), or is empty when no param is on its first step.
 
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-_AMP = "Tensor? grad_scale=None, Tensor? found_inf=None"
+_AMP = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
 
 
 def _update_op(state: str, per_step: str, scalars: str) -> dict[str, str]:

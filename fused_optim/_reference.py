@@ -19,6 +19,11 @@ def _skip(found_inf: Tensor | None) -> bool:
     return found_inf is not None and bool(found_inf.item() != 0)
 
 
+def _lr(lr: float, lr_tensor: Tensor | None) -> float:
+    """The op's learning rate: ``lr_tensor``'s value when given (see :mod:`._ops`), else ``lr``."""
+    return lr if lr_tensor is None else float(lr_tensor.item())
+
+
 def _grad_multiplier(grad_scale: Tensor | None, maximize: bool) -> float:
     inv = 1.0 if grad_scale is None else 1.0 / float(grad_scale.item())
     return -inv if maximize else inv
@@ -53,9 +58,10 @@ def _sgd_family(params, grads, momentum_buffers, first_step, *, grad_mul, weight
 
 
 def sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay,
-         nesterov, maximize, wd_after_momentum, grad_scale=None, found_inf=None) -> None:
+         nesterov, maximize, wd_after_momentum, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     n = len(params)
     _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=[_grad_multiplier(grad_scale, maximize)] * n,
                 weight_decay=[weight_decay] * n, lr=[lr] * n, momentum=momentum, dampening=dampening,
@@ -63,9 +69,10 @@ def sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening
 
 
 def sign_sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
-              grad_scale=None, found_inf=None) -> None:
+              lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     n = len(params)
     _sgd_family(params, grads, momentum_buffers, first_step, grad_mul=[_grad_multiplier(grad_scale, False)] * n,
                 weight_decay=[weight_decay] * n, lr=[lr] * n, momentum=momentum, dampening=dampening,
@@ -73,9 +80,10 @@ def sign_sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, damp
 
 
 def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
-          trust_coefficient, eps, trust_clip, always_adapt, grad_scale=None, found_inf=None) -> None:
+          trust_coefficient, eps, trust_clip, always_adapt, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     inv = _grad_multiplier(grad_scale, False)
     grad_mul, decay = [], []
     for p, g in zip(params, grads):
@@ -93,9 +101,10 @@ def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampenin
 
 
 def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, eeta, weight_decay, epsilon, lars,
-                   grad_scale=None, found_inf=None) -> None:
+                   lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     inv = _grad_multiplier(grad_scale, False)
     rates = []
     for p, g in zip(params, grads):
@@ -109,10 +118,11 @@ def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum,
 
 
 def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_size, random_sparse, generator=None,
-                    grad_scale=None, found_inf=None) -> None:
+                    lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws)."""
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     mul = lr * _grad_multiplier(grad_scale, False)
     for p, g, memory in zip(params, grads, memories):
         d = p.numel()
@@ -131,10 +141,11 @@ def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_si
 
 
 def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
-          weight_decay, amsgrad, decoupled, maximize, bias_correction=True, grad_scale=None,
+          weight_decay, amsgrad, decoupled, maximize, bias_correction=True, lr_tensor=None, grad_scale=None,
           found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     mul = _grad_multiplier(grad_scale, maximize)
     for i, (p, g_in) in enumerate(zip(params, grads)):
         steps[i].add_(1)
@@ -190,9 +201,10 @@ def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, 
 
 def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, bias_correction,
           grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None,
-          grad_scale=None, found_inf=None) -> None:
+          lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
     inv = _grad_multiplier(grad_scale, False)
     clip = 1.0
     if max_grad_norm > 0:
@@ -210,9 +222,10 @@ def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
 
 
 def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, adam,
-                   bias_correction, grad_scale=None, found_inf=None) -> None:
+                   bias_correction, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
+    lr = _lr(lr, lr_tensor)
 
     def per_tensor(step):
         return 1.0, 1.0, lr * math.sqrt(1 - beta2**step) / (1 - beta1**step) if bias_correction else lr

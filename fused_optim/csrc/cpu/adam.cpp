@@ -42,12 +42,13 @@ struct AdamMath {
 
 }  // namespace
 
-void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
-              at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-              double lr, double beta1, double beta2, double eps, double weight_decay, bool amsgrad,
-              bool decoupled, bool maximize, bool bias_correction,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
+              double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   check_mutable("adam_", "params", params, params);
   const auto grads = checked_grads("adam_", params, grads_in);
@@ -119,10 +120,11 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
 // the grads are read from the params. Returns kMissingGrad, changing nothing, when one has none.
 int64_t adam_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
                     bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                    const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf) {
   return step_bucket("adam_bucket", bucket, 5, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    adam_cpu(l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps, weight_decay, amsgrad, decoupled, maximize,
-             bias_correction, grad_scale, found_inf);
+    run_on_device("fused_optim::adam_", adam_cpu, l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps,
+                  weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf);
   });
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
 #include <memory>
@@ -38,6 +39,15 @@ int64_t step_bucket(const char* op, int64_t id, size_t num_lists, const Update& 
   update(*lists, grads);
   bump_versions(*lists);
   return kStepped;
+}
+
+// Runs op `name` on the bucket's device: cpu(params, args...) for CPU tensors, else the
+// implementation registered for their device (the CUDA library's) through the dispatcher, which
+// the twins, registered as CompositeExplicitAutograd, do not pass through on their own.
+template <typename Fn, typename... Args>
+void run_on_device(const char* name, Fn* cpu, const std::vector<at::Tensor>& params, Args&&... args) {
+  if (params.empty() || params[0].is_cpu()) return cpu(params, std::forward<Args>(args)...);
+  c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>().call(params, std::forward<Args>(args)...);
 }
 
 }  // namespace fused_optim

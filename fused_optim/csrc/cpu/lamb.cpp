@@ -161,8 +161,10 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
               bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
               bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   Lamb a;
   a.inv_scale = amp.inv_scale;
@@ -186,11 +188,12 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
   });
 }
 
-void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                       at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
-                       double eps, double weight_decay, bool adam, bool bias_correction,
+void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+                       bool adam, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   Lamb a;
   a.inv_scale = amp.inv_scale;
@@ -211,23 +214,25 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
 
 // The bucket twins: lists {params, exp_avgs, exp_avg_sqs, steps}; grads read from the params.
 int64_t lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
-                    bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
-                    bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                    bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
+                    bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+                    const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                    const std::optional<at::Tensor>& found_inf) {
   return step_bucket("lamb_bucket", bucket, 4, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    lamb_cpu(l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
-             adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm, grad_scale, found_inf);
+    run_on_device("fused_optim::lamb_", lamb_cpu, l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay,
+                  bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
+                  lr_tensor, grad_scale, found_inf);
   });
 }
 
-int64_t colossal_lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps,
-                             double weight_decay, bool adam, bool bias_correction,
+int64_t colossal_lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
+                             bool adam, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("colossal_lamb_bucket", bucket, 4,
-                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-                       colossal_lamb_cpu(l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay, adam,
-                                         bias_correction, grad_scale, found_inf);
-                     });
+  return step_bucket(
+      "colossal_lamb_bucket", bucket, 4, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+        run_on_device("fused_optim::colossal_lamb_", colossal_lamb_cpu, l[0], grads, l[1], l[2], l[3], lr, beta1, beta2,
+                      eps, weight_decay, adam, bias_correction, lr_tensor, grad_scale, found_inf);
+      });
 }
 
 }  // namespace fused_optim

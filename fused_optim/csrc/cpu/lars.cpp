@@ -58,8 +58,10 @@ void two_passes(at::TensorList params, const std::vector<at::Tensor>& grads, at:
 void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs, const c10::List<bool>& first_step,
               double lr, double momentum, double dampening, double weight_decay, bool nesterov,
               double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   const auto grads = check_sgd_inputs("lars_", params, grads_in, bufs, first_step, momentum);
   const size_t n = params.size();
@@ -78,11 +80,12 @@ void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList buf
 }
 
 void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
-                       const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                       double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& grad_scale,
-                       const std::optional<at::Tensor>& found_inf) {
+                       const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
+                       double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
+                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   constexpr double kMaxTrustRatio = 50.0, kGradClamp = 10.0;
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   const auto grads = check_sgd_inputs("colossal_lars_", params, grads_in, bufs, first_step, momentum);
   const size_t n = params.size();
@@ -100,21 +103,21 @@ void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::Tenso
 // The bucket twins: lists {params, momentum_buffers}; grads read from the params.
 int64_t lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                     double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
-                    bool always_adapt, const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf) {
+                    bool always_adapt, const std::optional<at::Tensor>& lr_tensor,
+                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   return step_bucket("lars_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    lars_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, trust_coefficient, eps,
-             trust_clip, always_adapt, grad_scale, found_inf);
+    run_on_device("fused_optim::lars_", lars_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay,
+                  nesterov, trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf);
   });
 }
 
-int64_t colossal_lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum,
-                             double eeta, double weight_decay, double epsilon, bool lars,
+int64_t colossal_lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double eeta,
+                             double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   return step_bucket("colossal_lars_bucket", bucket, 2,
                      [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-                       colossal_lars_cpu(l[0], grads, l[1], first_step, lr, momentum, eeta, weight_decay, epsilon,
-                                         lars, grad_scale, found_inf);
+                       run_on_device("fused_optim::colossal_lars_", colossal_lars_cpu, l[0], grads, l[1], first_step,
+                                     lr, momentum, eeta, weight_decay, epsilon, lars, lr_tensor, grad_scale, found_inf);
                      });
 }
 

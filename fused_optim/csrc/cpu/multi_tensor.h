@@ -22,8 +22,8 @@
 #endif
 
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -37,6 +37,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "../shared/checks.h"
 
 namespace fused_optim {
 
@@ -278,49 +280,6 @@ inline double sum_of_squares(const c10::BFloat16* x, int64_t begin, int64_t end)
 }
 #endif
 
-// ---------------------------------------------------------------------------------------------
-// Argument checks shared by all ops. Tensors an op mutates must be contiguous (we never update a
-// copy); read-only inputs (grads) may be anything dense and are made contiguous here.
-
-inline void check_same_size(const char* op, const char* what, at::TensorList ref, at::TensorList other) {
-  TORCH_CHECK(other.size() == ref.size(), "fused_optim::", op, ": ", what, " has ", other.size(),
-              " tensors but params has ", ref.size());
-}
-
-inline void check_mutable(const char* op, const char* what, at::TensorList params, at::TensorList ts) {
-  check_same_size(op, what, params, ts);
-  for (size_t i = 0; i < ts.size(); ++i) {
-    const auto& t = ts[i];
-    TORCH_CHECK(t.device().is_cpu(), "fused_optim::", op, ": ", what, "[", i, "] is on ", t.device(),
-                "; the CPU kernel needs CPU tensors");
-    TORCH_CHECK(t.layout() == at::kStrided && t.is_contiguous(), "fused_optim::", op, ": ", what, "[", i,
-                "] must be a dense contiguous tensor (it is updated in place)");
-    TORCH_CHECK(t.scalar_type() == params[i].scalar_type(), "fused_optim::", op, ": ", what, "[", i,
-                "] has dtype ", t.scalar_type(), " but its param has ", params[i].scalar_type());
-    TORCH_CHECK(t.numel() == params[i].numel(), "fused_optim::", op, ": ", what, "[", i, "] has ",
-                t.numel(), " elements but its param has ", params[i].numel());
-  }
-}
-
-// Returns the grads as contiguous tensors of the params' dtype layout (copies only if needed).
-inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
-  check_same_size(op, "grads", params, grads);
-  std::vector<at::Tensor> out;
-  out.reserve(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const auto& g = grads[i];
-    TORCH_CHECK(g.layout() == at::kStrided, "fused_optim::", op, ": grads[", i,
-                "] is sparse; fused_optim does not support sparse gradients (use torch.optim.SparseAdam)");
-    TORCH_CHECK(g.scalar_type() == params[i].scalar_type() && g.numel() == params[i].numel() &&
-                    g.device() == params[i].device(),
-                "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", ", g.numel(),
-                " elements) does not match its param (", params[i].scalar_type(), ", ", params[i].numel(),
-                " elements)");
-    out.push_back(g.contiguous());
-  }
-  return out;
-}
-
 // grad_scale / found_inf as set by torch.amp.GradScaler: skip everything when found_inf != 0,
 // otherwise multiply grads by 1/grad_scale inside the kernel.
 struct AmpArgs {
@@ -339,6 +298,13 @@ inline AmpArgs read_amp(const std::optional<at::Tensor>& grad_scale, const std::
     amp.inv_scale = 1.0 / grad_scale->item<double>();
   }
   return amp;
+}
+
+// The learning rate: lr, or the value of lr_tensor when one is given (a Tensor lr of torch.optim).
+inline double read_lr(double lr, const std::optional<at::Tensor>& lr_tensor) {
+  if (!lr_tensor.has_value() || !lr_tensor->defined()) return lr;
+  TORCH_CHECK(lr_tensor->numel() == 1, "fused_optim: lr_tensor must have one element, got ", lr_tensor->numel());
+  return lr_tensor->item<double>();
 }
 
 template <typename T>

@@ -81,21 +81,6 @@ void sgd_family_typed(at::TensorList params, const std::vector<at::Tensor>& grad
 
 }  // namespace
 
-std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
-                                         at::TensorList momentum_buffers, const c10::List<bool>& first_step,
-                                         double momentum) {
-  check_mutable(op, "params", params, params);
-  auto grads = checked_grads(op, params, grads_in);
-  if (momentum != 0.0) {
-    check_mutable(op, "momentum_buffers", params, momentum_buffers);
-    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
-                ": first_step needs one flag per param (or none: no first steps)");
-  } else {
-    TORCH_CHECK(momentum_buffers.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
-  }
-  return grads;
-}
-
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
                 const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range) {
   if (range.begin == range.end) return;
@@ -114,11 +99,12 @@ void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at:
 namespace {
 
 // SGD and SignSGD: the same numbers for every tensor.
-void sgd_like(const char* op, Direction direction, at::TensorList params, at::TensorList grads_in,
-              at::TensorList bufs, const c10::List<bool>& first_step, double lr, double momentum,
-              double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+void sgd_like(const char* op, Direction direction, at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
+              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, momentum);
   const size_t n = params.size();
@@ -131,38 +117,39 @@ void sgd_like(const char* op, Direction direction, at::TensorList params, at::Te
 }  // namespace
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-             const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-             double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+             const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+             bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   sgd_like("sgd_", Direction::kPlain, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
-           weight_decay, nesterov, maximize, wd_after_momentum, grad_scale, found_inf);
+           weight_decay, nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
 }
 
 void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                  const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                  double weight_decay, bool nesterov, const std::optional<at::Tensor>& grad_scale,
-                  const std::optional<at::Tensor>& found_inf) {
+                  const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+                  bool nesterov, const std::optional<at::Tensor>& lr_tensor,
+                  const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   sgd_like("sign_sgd_", Direction::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
-           weight_decay, nesterov, false, false, grad_scale, found_inf);
+           weight_decay, nesterov, false, false, lr_tensor, grad_scale, found_inf);
 }
 
 // The bucket twins: lists {params, momentum_buffers} registered once (see bucket.h); the grads
 // are read from the params. They return kMissingGrad, changing nothing, when a param has no grad.
 int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                    double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
-                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                   const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                   const std::optional<at::Tensor>& found_inf) {
   return step_bucket("sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    sgd_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, maximize,
-            wd_after_momentum, grad_scale, found_inf);
+    run_on_device("fused_optim::sgd_", sgd_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay,
+                  nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
   });
 }
 
-int64_t sign_sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum,
-                        double dampening, double weight_decay, bool nesterov,
+int64_t sign_sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                        double weight_decay, bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   return step_bucket("sign_sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    sign_sgd_cpu(l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay, nesterov, grad_scale,
-                 found_inf);
+    run_on_device("fused_optim::sign_sgd_", sign_sgd_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening,
+                  weight_decay, nesterov, lr_tensor, grad_scale, found_inf);
   });
 }
 

@@ -26,11 +26,6 @@ struct SgdFamily {
   std::vector<double> grad_mul, weight_decay, lr;  // one per tensor
 };
 
-// Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
-std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads,
-                                         at::TensorList momentum_buffers, const c10::List<bool>& first_step,
-                                         double momentum);
-
 // The update of tensors [range.begin, range.end), on inputs already checked by check_sgd_inputs.
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList momentum_buffers,
                 const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range);

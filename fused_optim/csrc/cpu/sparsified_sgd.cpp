@@ -2,17 +2,12 @@
 // tensor each step (mlbench_core's SparsifiedSGD, for any param shape). Per tensor of D elements:
 //   memory <- memory + lr*g/grad_scale                  (every element, one parallel pass)
 //   p <- p - weight_decay*p                             (same pass; decay not multiplied by lr)
-//   S <- k indices: randperm(D)[:k] (random_sparse) or the block [b*k, min(b*k + k, D)), b uniform
-//        in [0, ceil(D/k)), drawn from `generator` tensor by tensor, in order
+//   S <- k indices (shared/sparse_indices.h: random, or a random block; the reference's draws)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
-// The indices are drawn with the same ATen calls as the reference, so both follow one generator.
+#include "../shared/sparse_indices.h"
 #include "bucket.h"
 #include "multi_tensor.h"
 #include "ops.h"
-
-#include <ATen/ops/arange.h>
-#include <ATen/ops/randint.h>
-#include <ATen/ops/randperm.h>
 
 namespace fused_optim {
 namespace {
@@ -33,28 +28,18 @@ void apply_sparse(const at::Tensor& p, const at::Tensor& memory, const at::Tenso
 
 void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
                         double weight_decay, int64_t sparse_grad_size, bool random_sparse,
-                        const std::optional<at::Generator>& generator, const std::optional<at::Tensor>& grad_scale,
-                        const std::optional<at::Tensor>& found_inf) {
+                        const std::optional<at::Generator>& generator, const std::optional<at::Tensor>& lr_tensor,
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
+  lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
   check_mutable("sparsified_sgd_", "params", params, params);
   const auto grads = checked_grads("sparsified_sgd_", params, grads_in);
   check_mutable("sparsified_sgd_", "memories", params, memories);
   std::vector<int64_t> numels;
-  std::vector<at::Tensor> indices;
-  for (const auto& p : params) {
-    const int64_t d = p.numel(), k = std::min(sparse_grad_size, d);
-    numels.push_back(d);
-    if (random_sparse) {
-      indices.push_back(at::randperm(d, generator, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, k));
-    } else {
-      const int64_t blocks = (d + sparse_grad_size - 1) / sparse_grad_size;
-      const int64_t start = at::randint(blocks, {1}, generator, at::TensorOptions().dtype(at::kLong)).item<int64_t>() *
-                            sparse_grad_size;
-      indices.push_back(at::arange(start, std::min(start + sparse_grad_size, d), at::kLong));
-    }
-  }
+  for (const auto& p : params) numels.push_back(p.numel());
+  const auto indices = draw_sparse_indices(params, sparse_grad_size, random_sparse, generator);
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sparsified_sgd_", [&] {
     using M = opmath_t<scalar_t>;
     using V = FVec<scalar_t>;
@@ -75,12 +60,13 @@ void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::Tens
 // The bucket twin: lists {params, memories}; grads read from the params.
 int64_t sparsified_sgd_bucket(int64_t bucket, double lr, double weight_decay, int64_t sparse_grad_size,
                               bool random_sparse, const std::optional<at::Generator>& generator,
-                              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("sparsified_sgd_bucket", bucket, 2,
-                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-                       sparsified_sgd_cpu(l[0], grads, l[1], lr, weight_decay, sparse_grad_size, random_sparse,
-                                          generator, grad_scale, found_inf);
-                     });
+                              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                              const std::optional<at::Tensor>& found_inf) {
+  return step_bucket(
+      "sparsified_sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+        run_on_device("fused_optim::sparsified_sgd_", sparsified_sgd_cpu, l[0], grads, l[1], lr, weight_decay,
+                      sparse_grad_size, random_sparse, generator, lr_tensor, grad_scale, found_inf);
+      });
 }
 
 }  // namespace fused_optim

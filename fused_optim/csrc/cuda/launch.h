@@ -1,33 +1,118 @@
 // The host entry points of the CUDA kernels, in CUDA-only terms: tensors as pointers and element
 // counts, per-step scalars as device pointers (read by the kernels, never by the host: a step
-// does no host sync and can be captured in a CUDA graph). The torch binding calls these; the
-// kernels (*.cu) compile with nvcc alone, without torch headers.
+// does no host sync and can be captured in a CUDA graph). The torch binding (binding.cpp) calls
+// these; the kernels (*.cu) compile with nvcc alone, without torch headers.
+//
+// Lists: `pointers`-style arguments hold one pointer per tensor, `sizes[t]` the element count of
+// tensor t in every list, `index[t]` (nullable: t) its index in the caller's lists, which is where
+// per-tensor values (norms, sums) are read and written.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <vector>
 
 namespace fused_optim {
 namespace cuda {
 
 enum class DType { kFloat, kDouble, kHalf, kBFloat16 };
 
-// torch.optim.SGD's update (sgd_), or SignSGD's (sign_sgd_: p <- p - lr*sign(d)); see sgd.cu.
-enum class SgdDirection { kPlain, kSign };
+// Elements per chunk of the launcher (one block each); per-chunk partial sums are laid out by it.
+constexpr int64_t kChunkSize = 65536;
 
-struct SgdArgs {
-  const float* lr;          // device, one value
-  const float* grad_scale;  // device or nullptr: grads are divided by it
-  const float* found_inf;   // device or nullptr: non-zero -> nothing changes
-  float momentum = 0.f, dampening = 0.f, weight_decay = 0.f;
-  bool nesterov = false, maximize = false, wd_after_momentum = false;
-  bool first_step = false;  // the momentum buffers are set to d (torch's first step)
+inline int64_t chunks_of(int64_t size) { return (size + kChunkSize - 1) / kChunkSize; }
+
+// The `pointers` argument of the launchers: the lists' n pointers each, one list after another.
+inline std::vector<void*> concat_lists(int64_t n, std::initializer_list<void* const*> lists) {
+  std::vector<void*> pointers;
+  pointers.reserve(n * lists.size());
+  for (void* const* list : lists) pointers.insert(pointers.end(), list, list + n);
+  return pointers;
+}
+
+// The scalars every update op reads on the device.
+struct DeviceScalars {
+  const float* lr = nullptr;  // the lr tensor, or nullptr: lr_value
+  float lr_value = 0.f;
+  const float* grad_scale = nullptr;  // grads are divided by it; nullptr: 1
+  const float* found_inf = nullptr;   // non-zero: nothing changes, step counters included; nullptr: 0
 };
 
-// One launch sequence over n tensors of one dtype; bufs is nullptr when momentum == 0.
+// Per-tensor sums over chunks: a block writes partials[(t * max_chunks + chunk) * lists + k]
+// (zeroed by the caller), sum_chunks_launch adds them up per tensor, in a fixed order, into
+// out[t * lists + k]. Sums are of squares, in double.
+struct ChunkSums {
+  double* partials;
+  int64_t max_chunks;  // the most chunks a tensor of the call has
+  double* out;
+};
+
+// norm.cu: the chunk partials of Σx² of `lists` lists (1 or 2) of one dtype.
+void sum_squares_launch(DType dtype, int lists, int64_t n, void* const* pointers, const int64_t* sizes,
+                        const int32_t* index, const ChunkSums& sums, cudaStream_t stream);
+// out[t * lists + k] = Σ_chunk partials, for tensors t < n.
+void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream);
+
+// steps.cu: steps[t] += 1 for every t, unless found_inf is set.
+void increment_steps_launch(int64_t n, float* const* steps, const DeviceScalars& scalars, cudaStream_t stream);
+
+// sgd.cu: the SGD family (see sgd.cu for the math).
+enum class SgdDirection { kPlain, kSign, kClamp };
+enum class TrustRatio { kNone, kLars, kColossal };
+
+struct SgdArgs {
+  DeviceScalars s;
+  float momentum = 0.f, dampening = 0.f, weight_decay = 0.f, clamp = 0.f;
+  bool nesterov = false, maximize = false, wd_after_momentum = false;
+  bool first_step = false;  // the momentum buffers are set to d (torch's first step)
+  // Layer-wise ratios from sq_norms[2t] = Σp², sq_norms[2t + 1] = Σg² (grads as given, scaled).
+  TrustRatio trust = TrustRatio::kNone;
+  const double* sq_norms = nullptr;
+  float trust_coefficient = 0.f, eps = 0.f;
+  bool trust_clip = false;
+};
+
+// bufs is nullptr when momentum == 0.
 void sgd_launch(DType dtype, SgdDirection direction, int64_t n, void* const* params, void* const* grads,
-                void* const* bufs, const int64_t* sizes, const SgdArgs& args, cudaStream_t stream);
+                void* const* bufs, const int64_t* sizes, const int32_t* index, const SgdArgs& args,
+                cudaStream_t stream);
+
+// adam.cu: torch.optim.Adam / AdamW; max_exp_avg_sqs is nullptr without amsgrad. Increments steps.
+struct AdamArgs {
+  DeviceScalars s;
+  float beta1 = 0.f, beta2 = 0.f, eps = 0.f, weight_decay = 0.f;
+  bool decoupled = false, maximize = false, bias_correction = true;
+};
+
+void adam_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
+                 void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, float* const* steps, const int64_t* sizes,
+                 const AdamArgs& args, cudaStream_t stream);
+
+// lamb.cu: lamb_ and colossal_lamb_ (see lamb.cu). Increments steps.
+struct LambArgs {
+  DeviceScalars s;
+  float beta1 = 0.f, beta2 = 0.f, beta3 = 0.f, eps = 0.f, weight_decay = 0.f, max_grad_norm = 0.f;
+  bool decoupled = false, trust_ratio = false, trust_clip = false, bias_correction = true;
+  bool colossal = false;  // bias corrections folded into the lr (colossal_lamb_)
+  // The gradient norm to clip with (max_grad_norm > 0), before unscaling: grad_norm (a float), or
+  // the square root of grad_sq (a double); one of them is set when clipping.
+  const float* grad_norm = nullptr;
+  const double* grad_sq = nullptr;
+};
+
+// sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio.
+void lamb_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
+                 void* const* exp_avg_sqs, float* const* steps, const int64_t* sizes, const LambArgs& args,
+                 const ChunkSums& sums, cudaStream_t stream);
+
+// sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
+// then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.
+void sparsified_sgd_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* memories,
+                           const int64_t* sizes, const DeviceScalars& scalars, float weight_decay, cudaStream_t stream);
+void sparse_apply_launch(DType dtype, void* param, void* memory, const int64_t* indices, int64_t k,
+                         const DeviceScalars& scalars, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fused_optim

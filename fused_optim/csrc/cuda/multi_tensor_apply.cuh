@@ -22,11 +22,12 @@
 
 #include <cstdint>
 
+#include "launch.h"
+
 namespace fused_optim {
 namespace cuda {
 
 constexpr int kBlockSize = 512;
-constexpr int64_t kChunkSize = 65536;
 constexpr int kMaxBlocks = 320;
 
 template <int Depth>
@@ -36,6 +37,10 @@ template <> struct MaxTensors<2> { static constexpr int value = 64; };
 template <> struct MaxTensors<3> { static constexpr int value = 48; };
 template <> struct MaxTensors<4> { static constexpr int value = 36; };
 template <> struct MaxTensors<5> { static constexpr int value = 30; };
+template <>
+struct MaxTensors<6> {
+  static constexpr int value = 26;
+};
 
 template <int Depth>
 struct TensorListMetadata {
@@ -47,6 +52,7 @@ struct TensorListMetadata {
   int32_t block_to_chunk[kMaxBlocks];
 };
 
+static_assert(sizeof(TensorListMetadata<6>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<5>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<1>) <= 3600, "kernel arguments must stay under 4 KB");
 
@@ -62,11 +68,37 @@ template <typename T> __device__ __forceinline__ T from_opmath(opmath_t<T> x) { 
 template <> __device__ __forceinline__ __half from_opmath<__half>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 from_opmath<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// Calls f(Tag<T>{}) with the storage type T of dtype (host side: picks the kernels to launch).
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+template <typename F>
+void dispatch_dtype(DType dtype, const F& f) {
+  switch (dtype) {
+    case DType::kFloat: return f(Tag<float>{});
+    case DType::kDouble: return f(Tag<double>{});
+    case DType::kHalf: return f(Tag<__half>{});
+    case DType::kBFloat16: return f(Tag<__nv_bfloat16>{});
+  }
+}
+
+// The per-step scalars (launch.h), read by every block.
+__device__ __forceinline__ bool skip_step(const DeviceScalars& s) {
+  return s.found_inf != nullptr && *s.found_inf != 0.f;
+}
+__device__ __forceinline__ float inv_scale_of(const DeviceScalars& s) {
+  return s.grad_scale != nullptr ? 1.f / *s.grad_scale : 1.f;
+}
+__device__ __forceinline__ float lr_of(const DeviceScalars& s) { return s.lr != nullptr ? *s.lr : s.lr_value; }
+
 // The chunk a block works on: tensor slot, caller's tensor index, element range [begin, end).
 struct Chunk {
   int slot;
   int32_t tensor;
   int64_t begin, end;
+  __device__ int64_t index() const { return begin / kChunkSize; }  // the chunk's number in its tensor
 };
 
 template <int Depth>
@@ -88,14 +120,16 @@ __device__ __forceinline__ void apply_at(Op& op, Element element) {
   for (int d = 0; d < Mutable; ++d) element(d) = from_opmath<T>(x[d]);
 }
 
-// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath; lists
-// [0, Mutable) are stored back. All lists hold T.
-template <typename T, int Depth, int Mutable, typename Op>
+// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath, for the first
+// Lists lists (all of T; lists after them carry other per-tensor pointers, e.g. step counters);
+// lists [0, Mutable) are stored back.
+template <typename T, int Lists, int Mutable, int Depth, typename Op>
 __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
+  static_assert(Mutable <= Lists && Lists <= Depth, "lists: mutable first, element lists before the others");
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
-  T* ptrs[Depth];
+  T* ptrs[Lists];
   bool aligned = true;
-  for (int d = 0; d < Depth; ++d) {
+  for (int d = 0; d < Lists; ++d) {
     ptrs[d] = static_cast<T*>(meta.addresses[d][chunk.slot]);
     aligned = aligned && (reinterpret_cast<uintptr_t>(ptrs[d]) % 16 == 0);
   }
@@ -104,16 +138,16 @@ __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>
     const int64_t vec_end = chunk.begin + (chunk.end - chunk.begin) / kVec * kVec;
     for (int64_t v = chunk.begin + static_cast<int64_t>(threadIdx.x) * kVec; v < vec_end;
          v += static_cast<int64_t>(blockDim.x) * kVec) {
-      alignas(16) T raw[Depth][kVec];
-      for (int d = 0; d < Depth; ++d) *reinterpret_cast<uint4*>(raw[d]) = *reinterpret_cast<const uint4*>(ptrs[d] + v);
+      alignas(16) T raw[Lists][kVec];
+      for (int d = 0; d < Lists; ++d) *reinterpret_cast<uint4*>(raw[d]) = *reinterpret_cast<const uint4*>(ptrs[d] + v);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) apply_at<T, Depth, Mutable>(op, [&](int d) -> T& { return raw[d][e]; });
+      for (int e = 0; e < kVec; ++e) apply_at<T, Lists, Mutable>(op, [&](int d) -> T& { return raw[d][e]; });
       for (int d = 0; d < Mutable; ++d) *reinterpret_cast<uint4*>(ptrs[d] + v) = *reinterpret_cast<const uint4*>(raw[d]);
     }
     i = vec_end;
   }
   for (int64_t j = i + threadIdx.x; j < chunk.end; j += blockDim.x) {
-    apply_at<T, Depth, Mutable>(op, [&](int d) -> T& { return ptrs[d][j]; });
+    apply_at<T, Lists, Mutable>(op, [&](int d) -> T& { return ptrs[d][j]; });
   }
 }
 
@@ -123,10 +157,11 @@ __global__ void __launch_bounds__(kBlockSize) multi_tensor_kernel(TensorListMeta
 }
 
 // Launches Functor::apply(meta, args) over n tensors; pointers[d * n + t] is list d's tensor t,
-// sizes[t] its element count (every list's tensor t has it). Empty tensors are skipped.
+// sizes[t] its element count (every list's tensor t has it), index[t] its index in the caller's
+// lists (meta.tensor_index; t when index is nullptr). Empty tensors are skipped.
 template <int Depth, typename Functor, typename Args>
-void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, const Args& args,
-                        cudaStream_t stream) {
+void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, const Args& args, cudaStream_t stream,
+                        const int32_t* index = nullptr) {
   constexpr int kMaxTensors = MaxTensors<Depth>::value;
   TensorListMetadata<Depth> meta;
   int tensors = 0, blocks = 0;
@@ -134,9 +169,9 @@ void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, 
     if (sizes[t] == 0) continue;
     for (int d = 0; d < Depth; ++d) meta.addresses[d][tensors] = pointers[d * n + t];
     meta.sizes[tensors] = sizes[t];
-    meta.tensor_index[tensors] = static_cast<int32_t>(t);
+    meta.tensor_index[tensors] = index != nullptr ? index[t] : static_cast<int32_t>(t);
     ++tensors;
-    const int64_t chunks = (sizes[t] + kChunkSize - 1) / kChunkSize;
+    const int64_t chunks = chunks_of(sizes[t]);
     for (int64_t c = 0; c < chunks; ++c) {
       meta.block_to_tensor[blocks] = static_cast<unsigned char>(tensors - 1);
       meta.block_to_chunk[blocks] = static_cast<int32_t>(c);

@@ -1,0 +1,440 @@
+// The CUDA implementations of the ops of fused_optim/_ops.py (same C++ signatures as the CPU ones
+// in csrc/cpu/ops.h), registered for the CUDA key. A thin layer: check the tensors, turn the lists
+// into pointers and sizes, put lr / grad_scale / found_inf on the device, allocate the scratch of
+// per-tensor sums, and call the launchers of launch.h on the current stream. No host sync, except
+// sparsified_sgd_'s index draws (host random numbers, like the CPU kernel and the reference).
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../shared/checks.h"
+#include "../shared/sparse_indices.h"
+#include "launch.h"
+
+namespace fused_optim {
+namespace {
+
+using OptTensor = std::optional<at::Tensor>;
+using cuda::DType;
+
+DType dtype_of(const char* op, at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return DType::kFloat;
+    case at::kDouble: return DType::kDouble;
+    case at::kHalf: return DType::kHalf;
+    case at::kBFloat16: return DType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "fused_optim::", op, ": dtype ", type, " has no CUDA kernel (float32/64, float16, bfloat16)");
+  }
+}
+
+std::vector<void*> pointers(at::TensorList tensors) {
+  std::vector<void*> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.data_ptr());
+  return out;
+}
+
+std::vector<int64_t> sizes_of(at::TensorList tensors) {
+  std::vector<int64_t> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.numel());
+  return out;
+}
+
+int64_t max_chunks_of(const std::vector<int64_t>& sizes) {
+  int64_t most = 1;
+  for (const int64_t s : sizes) most = std::max(most, cuda::chunks_of(s));
+  return most;
+}
+
+// The CUDA device of a call, from params[0]; checks that it is a CUDA tensor.
+at::Device device_of(const char* op, at::TensorList params) {
+  TORCH_CHECK(params[0].is_cuda(), "fused_optim::", op, ": params[0] is on ", params[0].device(),
+              "; the CUDA kernel needs CUDA params");
+  return params[0].device();
+}
+
+// A one-element tensor argument as a float32 scalar on the device: itself when it is one, a copy
+// otherwise (a CPU value is read on the host and filled in on the device); undefined when absent.
+at::Tensor device_scalar(const char* op, const char* name, const OptTensor& t, at::Device device) {
+  if (!t.has_value() || !t->defined()) return {};
+  TORCH_CHECK(t->numel() == 1, "fused_optim::", op, ": ", name, " must have one element, got ", t->numel());
+  const auto options = at::TensorOptions().device(device).dtype(at::kFloat);
+  if (t->is_cpu()) return at::full({1}, t->item<double>(), options);
+  if (t->device() == device && t->scalar_type() == at::kFloat) return *t;
+  return t->to(options);
+}
+
+// lr / grad_scale / found_inf as device scalars for the kernels (keeps the tensors alive).
+class Scalars {
+ public:
+  Scalars(const char* op, at::Device device, double lr, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+          const OptTensor& found_inf)
+      : lr_(device_scalar(op, "lr_tensor", lr_tensor, device)),
+        grad_scale_(device_scalar(op, "grad_scale", grad_scale, device)),
+        found_inf_(device_scalar(op, "found_inf", found_inf, device)) {
+    s_.lr = lr_.defined() ? lr_.data_ptr<float>() : nullptr;
+    s_.lr_value = static_cast<float>(lr);
+    s_.grad_scale = grad_scale_.defined() ? grad_scale_.data_ptr<float>() : nullptr;
+    s_.found_inf = found_inf_.defined() ? found_inf_.data_ptr<float>() : nullptr;
+  }
+
+  const cuda::DeviceScalars& get() const { return s_; }
+
+ private:
+  at::Tensor lr_, grad_scale_, found_inf_;
+  cuda::DeviceScalars s_;
+};
+
+std::vector<float*> checked_steps(const char* op, at::TensorList params, at::TensorList steps) {
+  check_same_size(op, "steps", params, steps);
+  std::vector<float*> out;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    TORCH_CHECK(s.numel() == 1 && s.device() == params[0].device() && s.scalar_type() == at::kFloat,
+                "fused_optim::", op, ": steps[", i, "] must be a 1-element float32 tensor on ", params[0].device(),
+                " (got ", s.scalar_type(), " on ", s.device(), "); CUDA step counters live on the param's device");
+    out.push_back(s.data_ptr<float>());
+  }
+  return out;
+}
+
+// Per-tensor sums of squares of `lists` lists on the device (ChunkSums with their scratch).
+struct SumsScratch {
+  at::Tensor partials, out;
+  cuda::ChunkSums sums;
+
+  SumsScratch(at::Device device, int64_t tensors, int64_t max_chunks, int lists) {
+    const auto options = at::TensorOptions().device(device).dtype(at::kDouble);
+    partials = at::zeros({tensors * max_chunks * lists}, options);
+    out = at::zeros({tensors * lists}, options);
+    sums = {partials.data_ptr<double>(), max_chunks, out.data_ptr<double>()};
+  }
+};
+
+// The SGD family: per-tensor first-step flags split the tensors into two launches.
+void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorList params, at::TensorList grads_in,
+                     at::TensorList bufs, const c10::List<bool>& first_step, cuda::SgdArgs args, double lr,
+                     const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  if (params.empty()) return;
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, args.momentum);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  args.s = scalars.get();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const DType dtype = dtype_of(op, params[0].scalar_type());
+  const int64_t n = static_cast<int64_t>(params.size());
+  auto p = pointers(params), g = pointers(grads), b = pointers(bufs);
+  const auto sizes = sizes_of(params);
+  std::optional<SumsScratch> norms;
+  if (args.trust != cuda::TrustRatio::kNone) {
+    norms.emplace(device, n, max_chunks_of(sizes), 2);
+    const auto lists = cuda::concat_lists(n, {p.data(), g.data()});
+    cuda::sum_squares_launch(dtype, 2, n, lists.data(), sizes.data(), nullptr, norms->sums, stream);
+    cuda::sum_chunks_launch(2, n, norms->sums, stream);
+    args.sq_norms = norms->sums.out;
+  }
+  void* const* buf_list = args.momentum != 0.f ? b.data() : nullptr;
+  if (first_step.empty() || buf_list == nullptr) {
+    return cuda::sgd_launch(dtype, direction, n, p.data(), g.data(), buf_list, sizes.data(), nullptr, args, stream);
+  }
+  for (const bool first : {true, false}) {  // the tensors on their first step, then the others
+    std::vector<void*> ps, gs, bs;
+    std::vector<int64_t> ss;
+    std::vector<int32_t> index;
+    for (int64_t t = 0; t < n; ++t) {
+      if (first_step[t] != first) continue;
+      ps.push_back(p[t]);
+      gs.push_back(g[t]);
+      bs.push_back(b[t]);
+      ss.push_back(sizes[t]);
+      index.push_back(static_cast<int32_t>(t));
+    }
+    args.first_step = first;
+    cuda::sgd_launch(dtype, direction, static_cast<int64_t>(ps.size()), ps.data(), gs.data(), bs.data(), ss.data(),
+                     index.data(), args, stream);
+  }
+}
+
+cuda::SgdArgs sgd_args(double momentum, double dampening, double weight_decay, bool nesterov) {
+  cuda::SgdArgs a;
+  a.momentum = static_cast<float>(momentum);
+  a.dampening = static_cast<float>(dampening);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.nesterov = nesterov;
+  return a;
+}
+
+void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+              bool nesterov, bool maximize, bool wd_after_momentum, const OptTensor& lr_tensor,
+              const OptTensor& grad_scale, const OptTensor& found_inf) {
+  auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
+  a.maximize = maximize;
+  a.wd_after_momentum = wd_after_momentum;
+  sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, first_step, a, lr, lr_tensor,
+                  grad_scale, found_inf);
+}
+
+void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                   const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+                   bool nesterov, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, params, grads, momentum_buffers, first_step,
+                  sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
+}
+
+void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+               const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+               bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
+               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
+  if (weight_decay != 0.0 || always_adapt) {
+    a.trust = cuda::TrustRatio::kLars;
+    a.trust_coefficient = static_cast<float>(trust_coefficient);
+    a.eps = static_cast<float>(eps);
+    a.trust_clip = trust_clip;
+  }
+  sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, first_step, a, lr, lr_tensor,
+                  grad_scale, found_inf);
+}
+
+void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                        const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
+                        double epsilon, bool lars, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                        const OptTensor& found_inf) {
+  constexpr float kGradClamp = 10.f;
+  auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
+  a.clamp = kGradClamp;
+  if (lars) {
+    a.trust = cuda::TrustRatio::kColossal;
+    a.trust_coefficient = static_cast<float>(eeta);
+    a.eps = static_cast<float>(epsilon);
+  }
+  sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, first_step, a, lr,
+                  lr_tensor, grad_scale, found_inf);
+}
+
+void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
+                         double weight_decay, int64_t sparse_grad_size, bool random_sparse,
+                         const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
+                         const OptTensor& grad_scale, const OptTensor& found_inf) {
+  const char* op = "sparsified_sgd_";
+  if (params.empty()) return;
+  TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  check_mutable(op, "params", params, params);
+  const auto grads = checked_grads(op, params, grads_in);
+  check_mutable(op, "memories", params, memories);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const DType dtype = dtype_of(op, params[0].scalar_type());
+  auto p = pointers(params), g = pointers(grads), m = pointers(memories);
+  const auto sizes = sizes_of(params);
+  cuda::sparsified_sgd_launch(dtype, static_cast<int64_t>(params.size()), p.data(), g.data(), m.data(), sizes.data(),
+                              scalars.get(), static_cast<float>(weight_decay), stream);
+  const auto indices = draw_sparse_indices(params, sparse_grad_size, random_sparse, generator);
+  for (size_t t = 0; t < params.size(); ++t) {
+    const at::Tensor index = indices[t].to(device);
+    cuda::sparse_apply_launch(dtype, p[t], m[t], index.data_ptr<int64_t>(), index.numel(), scalars.get(), stream);
+  }
+}
+
+void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
+               double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
+               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  const char* op = "adam_";
+  if (params.empty()) return;
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  check_mutable(op, "params", params, params);
+  const auto grads = checked_grads(op, params, grads_in);
+  check_mutable(op, "exp_avgs", params, exp_avgs);
+  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  if (amsgrad) {
+    check_mutable(op, "max_exp_avg_sqs", params, max_exp_avg_sqs);
+  } else {
+    TORCH_CHECK(max_exp_avg_sqs.empty(), "fused_optim::adam_: max_exp_avg_sqs must be empty without amsgrad");
+  }
+  auto step_ptrs = checked_steps(op, params, steps);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  cuda::AdamArgs a;
+  a.s = scalars.get();
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.eps = static_cast<float>(eps);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.decoupled = decoupled;
+  a.maximize = maximize;
+  a.bias_correction = bias_correction;
+  auto p = pointers(params), g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
+  auto vmax = pointers(max_exp_avg_sqs);
+  const auto sizes = sizes_of(params);
+  cuda::adam_launch(dtype_of(op, params[0].scalar_type()), static_cast<int64_t>(params.size()), p.data(), g.data(),
+                    m.data(), v.data(), amsgrad ? vmax.data() : nullptr, step_ptrs.data(), sizes.data(), a,
+                    c10::cuda::getCurrentCUDAStream());
+}
+
+// lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
+void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
+                   at::TensorList exp_avg_sqs, at::TensorList steps, cuda::LambArgs a, double lr,
+                   const OptTensor& global_grad_norm, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                   const OptTensor& found_inf) {
+  if (params.empty()) return;
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  check_mutable(op, "params", params, params);
+  const auto grads = checked_grads(op, params, grads_in);
+  check_mutable(op, "exp_avgs", params, exp_avgs);
+  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  auto step_ptrs = checked_steps(op, params, steps);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  a.s = scalars.get();
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const DType dtype = dtype_of(op, params[0].scalar_type());
+  const int64_t n = static_cast<int64_t>(params.size());
+  auto p = pointers(params), g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
+  const auto sizes = sizes_of(params);
+  const int64_t max_chunks = max_chunks_of(sizes);
+  const at::Tensor clip_norm = device_scalar(op, "global_grad_norm", global_grad_norm, device);
+  std::optional<SumsScratch> grad_sq;
+  if (a.max_grad_norm > 0.f && clip_norm.defined()) {
+    a.grad_norm = clip_norm.data_ptr<float>();
+  } else if (a.max_grad_norm > 0.f) {  // the norm of this call's grads: all chunks summed as one
+    grad_sq.emplace(device, n, max_chunks, 1);
+    cuda::sum_squares_launch(dtype, 1, n, g.data(), sizes.data(), nullptr, grad_sq->sums, stream);
+    cuda::sum_chunks_launch(1, 1, {grad_sq->sums.partials, n * max_chunks, grad_sq->sums.out}, stream);
+    a.grad_sq = grad_sq->sums.out;
+  }
+  SumsScratch norms(device, a.trust_ratio ? n : 0, max_chunks, 2);
+  cuda::lamb_launch(dtype, n, p.data(), g.data(), m.data(), v.data(), step_ptrs.data(), sizes.data(), a, norms.sums,
+                    stream);
+}
+
+void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+               bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
+               bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
+               const OptTensor& grad_scale, const OptTensor& found_inf) {
+  cuda::LambArgs a;
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.beta3 = static_cast<float>(grad_averaging ? 1.0 - beta1 : 1.0);
+  a.eps = static_cast<float>(eps);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.max_grad_norm = static_cast<float>(max_grad_norm);
+  a.decoupled = adam_w_mode;
+  a.trust_ratio = use_nvlamb || weight_decay != 0.0;
+  a.trust_clip = trust_clip;
+  a.bias_correction = bias_correction;
+  run_lamb_cuda("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, lr, global_grad_norm, lr_tensor, grad_scale,
+                found_inf);
+}
+
+void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                        double eps, double weight_decay, bool adam, bool bias_correction, const OptTensor& lr_tensor,
+                        const OptTensor& grad_scale, const OptTensor& found_inf) {
+  cuda::LambArgs a;
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.beta3 = static_cast<float>(1.0 - beta1);
+  a.eps = static_cast<float>(eps);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.decoupled = true;
+  a.trust_ratio = !adam;
+  a.bias_correction = bias_correction;
+  a.colossal = true;
+  run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, lr, std::nullopt, lr_tensor,
+                grad_scale, found_inf);
+}
+
+// Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.
+at::Tensor squares_per_tensor(const char* op, at::TensorList tensors) {
+  TORCH_CHECK(!tensors.empty(), op, ": needs at least one tensor");
+  const at::Device device = tensors[0].device();
+  const c10::cuda::CUDAGuard guard(device);
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].device() == device, op, ": tensors[", i, "] is on ", tensors[i].device(),
+                " but tensors[0] is on ", device, "; one call reads tensors of one device");
+    dtype_of(op, tensors[i].scalar_type());
+    inputs.push_back(tensors[i].contiguous());
+  }
+  const int64_t n = static_cast<int64_t>(inputs.size());
+  const auto sizes = sizes_of(inputs);
+  SumsScratch scratch(device, n, max_chunks_of(sizes), 1);
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  for (const auto type : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {  // one launch sequence per dtype
+    std::vector<void*> ptrs;
+    std::vector<int64_t> ss;
+    std::vector<int32_t> index;
+    for (int64_t t = 0; t < n; ++t) {
+      if (inputs[t].scalar_type() != type) continue;
+      ptrs.push_back(inputs[t].data_ptr());
+      ss.push_back(sizes[t]);
+      index.push_back(static_cast<int32_t>(t));
+    }
+    if (!ptrs.empty()) {
+      cuda::sum_squares_launch(dtype_of(op, type), 1, static_cast<int64_t>(ptrs.size()), ptrs.data(), ss.data(),
+                               index.data(), scratch.sums, stream);
+    }
+  }
+  cuda::sum_chunks_launch(1, n, scratch.sums, stream);
+  return scratch.out;
+}
+
+std::tuple<at::Tensor, at::Tensor> l2norm_cuda(at::TensorList tensors) {
+  const at::Tensor squares = squares_per_tensor("fused_optim::l2norm", tensors);
+  const bool any_double =
+      std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) { return t.scalar_type() == at::kDouble; });
+  at::Tensor per_tensor = squares.sqrt(), global = squares.sum().sqrt();
+  if (!any_double) return {global.to(at::kFloat), per_tensor.to(at::kFloat)};
+  return {global, per_tensor};
+}
+
+// sums[index[i]] += Σx² of tensors[i], each run of equal consecutive indices added at once.
+void sum_squares_cuda(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRef index) {
+  const char* op = "fused_optim::sum_squares_";
+  TORCH_CHECK(sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(), op,
+              ": sums must be a contiguous 1-D float64 tensor, got ", sums.scalar_type(), " of shape ", sums.sizes());
+  TORCH_CHECK(index.size() == tensors.size(), op, ": index has ", index.size(), " entries for ", tensors.size(),
+              " tensors; give one index per tensor");
+  for (size_t i = 0; i < index.size(); ++i) {
+    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
+                " is out of range for sums of size ", sums.numel());
+  }
+  if (tensors.empty()) return;
+  const at::Tensor squares = squares_per_tensor(op, tensors).to(sums.device());
+  for (size_t begin = 0, end = 0; begin < index.size(); begin = end) {
+    while (end < index.size() && index[end] == index[begin]) ++end;
+    sums.narrow(0, index[begin], 1).add_(squares.narrow(0, begin, end - begin).sum());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused_optim, CUDA, m) {
+  m.impl("l2norm", &l2norm_cuda);
+  m.impl("sum_squares_", &sum_squares_cuda);
+  m.impl("sgd_", &sgd_cuda);
+  m.impl("sign_sgd_", &sign_sgd_cuda);
+  m.impl("lars_", &lars_cuda);
+  m.impl("colossal_lars_", &colossal_lars_cuda);
+  m.impl("sparsified_sgd_", &sparsified_sgd_cuda);
+  m.impl("adam_", &adam_cuda);
+  m.impl("lamb_", &lamb_cuda);
+  m.impl("colossal_lamb_", &colossal_lamb_cuda);
+}
+
+}  // namespace fused_optim

@@ -1,0 +1,69 @@
+// Argument checks shared by the CPU and CUDA implementations of every op (ATen core only). Tensors
+// an op mutates must be contiguous (we never update a copy) and on params[0]'s device; read-only
+// inputs (grads) may be anything dense and are made contiguous here.
+#pragma once
+
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+namespace fused_optim {
+
+inline void check_same_size(const char* op, const char* what, at::TensorList ref, at::TensorList other) {
+  TORCH_CHECK(other.size() == ref.size(), "fused_optim::", op, ": ", what, " has ", other.size(),
+              " tensors but params has ", ref.size());
+}
+
+inline void check_mutable(const char* op, const char* what, at::TensorList params, at::TensorList ts) {
+  check_same_size(op, what, params, ts);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const auto& t = ts[i];
+    TORCH_CHECK(t.device() == params[0].device(), "fused_optim::", op, ": ", what, "[", i, "] is on ", t.device(),
+                " but params[0] is on ", params[0].device(), "; one call updates tensors of one device");
+    TORCH_CHECK(t.layout() == at::kStrided && t.is_contiguous(), "fused_optim::", op, ": ", what, "[", i,
+                "] must be a dense contiguous tensor (it is updated in place)");
+    TORCH_CHECK(t.scalar_type() == params[i].scalar_type(), "fused_optim::", op, ": ", what, "[", i, "] has dtype ",
+                t.scalar_type(), " but its param has ", params[i].scalar_type());
+    TORCH_CHECK(t.numel() == params[i].numel(), "fused_optim::", op, ": ", what, "[", i, "] has ", t.numel(),
+                " elements but its param has ", params[i].numel());
+  }
+}
+
+// Returns the grads as contiguous tensors of the params' dtype layout (copies only if needed).
+inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
+  check_same_size(op, "grads", params, grads);
+  std::vector<at::Tensor> out;
+  out.reserve(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& g = grads[i];
+    TORCH_CHECK(g.layout() == at::kStrided, "fused_optim::", op, ": grads[", i,
+                "] is sparse; fused_optim does not support sparse gradients (use torch.optim.SparseAdam)");
+    TORCH_CHECK(g.scalar_type() == params[i].scalar_type() && g.numel() == params[i].numel() &&
+                    g.device() == params[i].device(),
+                "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", ", g.numel(),
+                " elements) does not match its param (", params[i].scalar_type(), ", ", params[i].numel(),
+                " elements)");
+    out.push_back(g.contiguous());
+  }
+  return out;
+}
+
+// Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
+inline std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+                                                at::TensorList momentum_buffers, const c10::List<bool>& first_step,
+                                                double momentum) {
+  check_mutable(op, "params", params, params);
+  auto grads = checked_grads(op, params, grads_in);
+  if (momentum != 0.0) {
+    check_mutable(op, "momentum_buffers", params, momentum_buffers);
+    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
+                ": first_step needs one flag per param (or none: no first steps)");
+  } else {
+    TORCH_CHECK(momentum_buffers.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
+  }
+  return grads;
+}
+
+}  // namespace fused_optim
