@@ -5,13 +5,17 @@ compiles ``csrc/cpu/*.cpp`` (grouped into one translation unit per core, see
 :func:`translation_units`) with ``torch.utils.cpp_extension.load`` into a library that only
 registers op implementations (no pybind). cpp_extension provides the file lock between processes
 and rebuilds when sources or flags change; the result is cached under ``TORCH_EXTENSIONS_DIR``.
+The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library, built by
+``load("cuda")`` — the first fused step on a CUDA tensor — and only when ``torch.cuda.is_available()``.
 
-The extension name carries a CPU-ISA tag and the torch version, so a ``-march=native`` build made
-on one CPU (or for one torch) is never loaded on another.
+The CPU extension name carries a CPU-ISA tag and the torch version, so a ``-march=native`` build
+made on one CPU (or for one torch) is never loaded on another; the CUDA one carries the torch and
+CUDA versions (cpp_extension compiles for the visible GPUs' architectures, or TORCH_CUDA_ARCH_LIST).
 
 Environment:
     TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
     FUSED_OPTIM_VERBOSE_BUILD=1  print the compiler commands and output
+    TORCH_CUDA_ARCH_LIST         the GPU architectures of the CUDA build (default: the visible GPUs')
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ LDFLAGS = ["-fopenmp"]
 
 _lock = threading.Lock()
 _state: dict = {"loaded": False, "error": None, "seconds": None}
+_cuda_state: dict = {"loaded": False, "error": None, "seconds": None}
 
 
 class BuildError(RuntimeError):
@@ -44,10 +49,12 @@ def cpu_sources() -> list[str]:
 
 
 # The CUDA kernels (csrc/cuda/*.cu) need only CUDA headers, so they compile without a GPU and
-# without torch: for every architecture we target, warnings as errors.
+# without torch: the compile check builds them for every architecture we target, warnings as
+# errors. The JIT build adds only -O3 (cpp_extension picks the architectures).
 CUDA_ARCHS = ("80", "90")
 NVCC_FLAGS = ["-std=c++17", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
+CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 
 
 def cuda_sources() -> list[str]:
@@ -57,6 +64,11 @@ def cuda_sources() -> list[str]:
 def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
     """The nvcc command that compiles one kernel file to an object (the compile check)."""
     return [nvcc, *NVCC_FLAGS, "-c", source, "-o", output]
+
+
+def cuda_extension_name() -> str:
+    version = torch.__version__.split("+")[0].replace(".", "_")
+    return f"fused_optim_cuda_torch{version}_cu{(torch.version.cuda or 'none').replace('.', '_')}"
 
 
 def translation_units(directory: Path) -> list[str]:
@@ -103,55 +115,81 @@ def verbose() -> bool:
     return os.environ.get("FUSED_OPTIM_VERBOSE_BUILD", "") not in ("", "0")
 
 
-def load() -> None:
-    """Build (or load from cache) the CPU kernels; raise :class:`BuildError` saying how to debug."""
-    if _state["loaded"]:  # the per-step fast path takes no lock (and stays traceable by dynamo)
+def load(device_type: str = "cpu") -> None:
+    """Build (or load from cache) the CPU kernels, and for ``"cuda"`` the CUDA kernels too; raise
+    :class:`BuildError` saying how to debug."""
+    _load_library(_state, "CPU", _build_cpu, extension_name)
+    if device_type == "cuda":
+        _load_library(_cuda_state, "CUDA", _build_cuda, cuda_extension_name)
+
+
+def _build_cpu(cpp_extension) -> None:
+    cpp_extension.load(
+        name=extension_name(),
+        sources=translation_units(Path(build_directory()) / "units"),
+        extra_cflags=CFLAGS,
+        extra_ldflags=LDFLAGS,
+        extra_include_paths=[str(CSRC / "cpu")],
+        is_python_module=False,
+        with_cuda=False,
+        verbose=verbose(),
+    )
+
+
+def _build_cuda(cpp_extension) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError("error: torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
+    cpp_extension.load(
+        name=cuda_extension_name(),
+        sources=[*cuda_sources(), str(CUDA_BINDING)],
+        extra_cflags=["-O3"],
+        extra_cuda_cflags=["-O3"],
+        is_python_module=False,
+        with_cuda=True,
+        verbose=verbose(),
+    )
+
+
+def _load_library(state: dict, kind: str, build, name) -> None:
+    if state["loaded"]:  # the per-step fast path takes no lock (and stays traceable by dynamo)
         return
     with _lock:
-        if _state["loaded"]:
+        if state["loaded"]:
             return
-        if _state["error"] is not None:
-            raise BuildError(_state["error"])
+        if state["error"] is not None:
+            raise BuildError(state["error"])
         from torch.utils import cpp_extension
 
         start = time.perf_counter()
         try:
-            cpp_extension.load(
-                name=extension_name(),
-                sources=translation_units(Path(build_directory()) / "units"),
-                extra_cflags=CFLAGS,
-                extra_ldflags=LDFLAGS,
-                extra_include_paths=[str(CSRC / "cpu")],
-                is_python_module=False,
-                with_cuda=False,
-                verbose=verbose(),
-            )
+            build(cpp_extension)
         except Exception as exc:  # compiler missing, compile error, bad cache...
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             first = next((ln.strip() for ln in lines if "error" in ln.lower()), lines[-1])
-            _state["error"] = (
-                f"fused_optim could not build its CPU kernels ({type(exc).__name__}: {first}). "
+            state["error"] = (
+                f"fused_optim could not build its {kind} kernels ({type(exc).__name__}: {first}). "
                 "Run `FUSED_OPTIM_VERBOSE_BUILD=1 fused-optim build` to see the full compiler log "
-                f"(build directory: {build_directory()}); pass fused=False to use the pure-PyTorch "
+                f"(build directory: {build_directory(name())}); pass fused=False to use the pure-PyTorch "
                 "implementation instead."
             )
-            raise BuildError(_state["error"]) from exc
-        _state["seconds"] = time.perf_counter() - start
-        _state["loaded"] = True
+            raise BuildError(state["error"]) from exc
+        state["seconds"] = time.perf_counter() - start
+        state["loaded"] = True
 
 
-def is_available() -> bool:
-    """True when the CPU kernels are built and loaded (builds them on first call)."""
+def is_available(device_type: str = "cpu") -> bool:
+    """True when the kernels for ``device_type`` ("cpu" or "cuda") are built and loaded (builds
+    them on first call)."""
     try:
-        load()
+        load(device_type)
     except BuildError:
         return False
     return True
 
 
-def build_error() -> str | None:
+def build_error(device_type: str = "cpu") -> str | None:
     """The message of a failed build, or None (no build attempted yet, or it succeeded)."""
-    return _state["error"]
+    return _state["error"] or (_cuda_state["error"] if device_type == "cuda" else None)
 
 
 def build_seconds() -> float | None:
@@ -159,7 +197,8 @@ def build_seconds() -> float | None:
     return _state["seconds"]
 
 
-def build_directory() -> str:
+def build_directory(name: str | None = None) -> str:
+    """Where the extension ``name`` (default: the CPU one) is built and cached."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    return _get_build_directory(extension_name(), verbose=False)
+    return _get_build_directory(name or extension_name(), verbose=False)

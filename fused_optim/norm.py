@@ -23,15 +23,31 @@ def multi_tensor_l2norm(tensors: Iterable[Tensor], per_tensor: bool = False, *, 
     16K-element work items and in double across items and tensors, always in the same order, so the
     result does not depend on the number of threads. Tensors may mix floating dtypes; results are
     float32 (float64 when any input is float64). ``fused`` as for the optimizers: None uses the
-    kernel when it builds and the tensors are on the CPU (else ``torch.linalg.vector_norm``, with a
-    warning), True requires the kernel, False never uses it.
+    kernel when it builds and the tensors are on the CPU or a GPU (else ``torch.linalg.vector_norm``,
+    with a warning), True requires the kernel, False never uses it. Tensors on several devices are
+    normed per device and gathered on the first tensor's device.
 
     Returns:
         ``global_norm`` (0-dim tensor), or ``(global_norm, norms)`` with ``per_tensor=True``.
     """
     tensors = list(tensors)
-    result = _kernel_or_reference("multi_tensor_l2norm", "l2norm", _reference.l2norm, fused, tensors, tensors)
+    if len({t.device for t in tensors}) > 1:
+        result = _l2norm_per_device(tensors, fused)
+    else:
+        result = _kernel_or_reference("multi_tensor_l2norm", "l2norm", _reference.l2norm, fused, tensors, tensors)
     return result if per_tensor else result[0]
+
+
+def _l2norm_per_device(tensors: list[Tensor], fused: bool | None) -> tuple[Tensor, Tensor]:
+    """Tensors on several devices (CPU-offloaded params next to GPU ones): one call per device,
+    the norms gathered on the first tensor's device, global = √(Σᵢ norms[i]²)."""
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    norms = torch.empty(len(tensors), dtype=dtype, device=tensors[0].device)
+    for device in dict.fromkeys(t.device for t in tensors):
+        index = [i for i, t in enumerate(tensors) if t.device == device]
+        _, per = multi_tensor_l2norm([tensors[i] for i in index], per_tensor=True, fused=fused)
+        norms[torch.tensor(index, device=norms.device)] = per.to(norms.device, dtype)
+    return norms.square().sum().sqrt(), norms
 
 
 def sum_squares_(sums: Tensor, tensors: list[Tensor], index: list[int], *, fused: bool | None = None) -> None:
@@ -50,7 +66,7 @@ def _kernel_or_reference(name: str, op: str, reference, fused: bool | None, tens
     parameter by AdaScale's hooks: no closures here.)"""
     if fused is not False and tensors:  # (no tensor: nothing for the dispatcher to pick a kernel by)
         try:
-            _build.load()
+            _build.load("cuda" if any(t.is_cuda for t in tensors) else "cpu")
             return _ops.op(op)(*args)
         except _build.BuildError:
             if fused:

@@ -43,9 +43,9 @@ from torch import Tensor
 from . import _build, _ops, _reference
 
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-FUSED_DEVICE_TYPES = ("cpu",)
+FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
-_build_warning_shown = False
+_build_warnings_shown: set[str] = set()  # device types whose failed build was reported
 # Added to ``defaults`` by torch's ``Optimizer.__setstate__`` (so by every load_state_dict); a
 # group must not gain it, or a state dict changes across save/load.
 _TORCH_ONLY_DEFAULTS = frozenset({"differentiable"})
@@ -58,8 +58,13 @@ def check_range(label: str, value: Any, ok: bool, need: str) -> None:
 
 
 def check_lr(lr: Any) -> None:
+    """A float >= 0, or (torch.optim's Tensor lr) a one-element floating tensor >= 0: the kernels
+    read it when they run, so a scheduler may change it in place and a CUDA graph replays it."""
     if isinstance(lr, Tensor):
-        raise ValueError("Invalid learning rate: a Tensor lr is not supported by fused_optim yet (pass a float)")
+        check_range("learning rate", lr, lr.numel() == 1 and lr.is_floating_point(),
+                    "a Tensor lr must be a one-element floating tensor")
+        check_range("learning rate", lr, float(lr) >= 0.0, "lr must be >= 0")
+        return
     check_range("learning rate", lr, isinstance(lr, (int, float)) and lr >= 0.0, "lr must be a float >= 0")
 
 
@@ -71,6 +76,15 @@ def check_betas(betas: Any) -> None:
     check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
     for i, beta in enumerate(betas):
         check_range(f"beta parameter at index {i}", beta, 0.0 <= beta < 1.0, "betas must be in [0, 1)")
+
+
+def _place_step(p: Tensor, state: dict) -> None:
+    """Keeps a step counter on its param's device, as torch's fused optimizers do: float32 on a
+    GPU, where the kernels read and increment it without a host sync; on the CPU otherwise. (A
+    state dict saved on one device and loaded for params on another moves its counters here.)"""
+    step = state.get("step")
+    if isinstance(step, Tensor) and step.device != p.device:
+        state["step"] = step.to(p.device, torch.float32 if p.device.type == "cuda" else step.dtype)
 
 
 @dataclass
@@ -202,10 +216,13 @@ class FusedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         grad_scale, found_inf = self._amp_args()
         self._prepare_step()
-        amp = dict(grad_scale=grad_scale, found_inf=found_inf)
         used = set()
         for gi, group in enumerate(self.param_groups):
             scalars = self._scalars(group)
+            lr_tensor = scalars["lr"] if isinstance(scalars["lr"], Tensor) else None
+            if lr_tensor is not None:
+                scalars["lr"] = 0.0  # unused: the ops read lr_tensor
+            amp = dict(lr_tensor=lr_tensor, grad_scale=grad_scale, found_inf=found_inf)
             if self._step_direct(group, scalars, amp):
                 used.add("fused")
                 continue
@@ -264,7 +281,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if plan is not None and plan.has_grad == has_grad:
             return plan
         plan = _Plan((id(group["params"]), self._layout(group)), has_grad, [])
-        kernels = self.fused is not False and self._kernels_available()
+        kernels: dict[str, bool] = {}  # device type -> may use the kernels
         by_kind: dict[tuple, list[int]] = {}
         for i, (p, g) in enumerate(zip(group["params"], grads)):
             if g is None:
@@ -276,8 +293,12 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._init_state(p, state, group)
             if len(state) != len(before):
                 plan.created.append((state, [k for k in state if k not in before]))
-            reason = self._unfusable(p, state) if kernels else "kernels unavailable"
-            if reason and self.fused is not False and kernels:
+            _place_step(p, state)
+            kind = p.device.type
+            if kind not in kernels:
+                kernels[kind] = self.fused is not False and self._kernels_available(kind)
+            reason = self._unfusable(p, state) if kernels[kind] else "kernels unavailable"
+            if reason and self.fused is not False and kernels[kind]:
                 self._fallback(f"param {i} of group {gi} {reason}")
             by_kind.setdefault((p.device, p.dtype, reason is None), []).append(i)
         fresh_ids = {id(state) for state, _ in plan.created}
@@ -293,17 +314,21 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._plans[id(group)] = plan
         return plan
 
-    def _kernels_available(self) -> bool:
-        global _build_warning_shown
+    def _kernels_available(self, device_type: str) -> bool:
+        """Whether the kernels for ``device_type`` built (building them now if needed); True for
+        a device type without kernels, which ``_unfusable`` then names."""
+        if device_type not in FUSED_DEVICE_TYPES:
+            return True
         try:
-            _build.load()
+            _build.load(device_type)
             return True
         except _build.BuildError:
             if self.fused:
                 raise
-            if not _build_warning_shown:
-                _build_warning_shown = True
-                warnings.warn(f"{_build.build_error()} Falling back to the reference implementation.", stacklevel=4)
+            if device_type not in _build_warnings_shown:
+                _build_warnings_shown.add(device_type)
+                warnings.warn(f"{_build.build_error(device_type)} Falling back to the reference implementation.",
+                              stacklevel=4)
             return False
 
     def _unfusable(self, p: Tensor, state: dict) -> str | None:
