@@ -37,9 +37,20 @@ def cmd_build(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import benchmark
+    from . import benchmark, benchmark_cuda
 
-    json_path, md_path = benchmark.run(Path(args.out), quick=args.quick, repeats=args.repeats, lists=args.lists)
+    module, lists = {"cpu": (benchmark, benchmark.PARAM_LISTS),
+                     "cuda": (benchmark_cuda, benchmark_cuda.LISTS)}[args.device]
+    bad = [name for name in args.lists or () if name not in lists]
+    if bad:
+        print(f"fused-optim bench: error: --lists {' '.join(bad)} is not a list for --device {args.device} "
+              f"(choose from {', '.join(lists)})", file=sys.stderr)
+        return 2
+    try:
+        json_path, md_path = module.run(Path(args.out), quick=args.quick, repeats=args.repeats, lists=args.lists)
+    except benchmark_cuda.NoGPUError as exc:
+        print(f"fused-optim bench: error: {exc}", file=sys.stderr)
+        return 1
     print(md_path.read_text())
     print(f"wrote {json_path} and {md_path}")
     return 0
@@ -63,10 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="build status, CPU ISA, threads, CUDA").set_defaults(fn=cmd_info)
     sub.add_parser("build", help="build (or load from cache) the kernels, with timing").set_defaults(fn=cmd_build)
     bench = sub.add_parser("bench", help="ours vs torch.optim, interleaved; writes JSON + markdown")
-    bench.add_argument("--quick", action="store_true", help="skip the 100M list and the build timing")
+    bench.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                       help="cpu (default), or cuda: the GPU benchmark, timed with CUDA events")
+    bench.add_argument("--quick", action="store_true", help="skip the largest list (and, on cpu, the build timing)")
     bench.add_argument("--repeats", type=int, default=None, help="rounds per case (default 11, quick 5)")
-    bench.add_argument("--lists", nargs="+", choices=["1M", "25M", "100M"], default=None,
-                       help="param lists to run (default: all; quick: 1M 25M)")
+    bench.add_argument("--lists", nargs="+", choices=["1M", "25M", "100M", "1B"], default=None,
+                       help="param lists to run: cpu 1M 25M 100M, cuda 1M 25M 1B (default: all; quick: 1M 25M)")
     bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
     bench.set_defaults(fn=cmd_bench)
     demo = sub.add_parser("demo", help="AdaScale vs a small-batch baseline and linear lr scaling on digits: "
