@@ -50,9 +50,10 @@ def cpu_sources() -> list[str]:
 
 # The CUDA kernels (csrc/cuda/*.cu) need only CUDA headers, so they compile without a GPU and
 # without torch: the compile check builds them for every architecture we target, warnings as
-# errors. The JIT build adds only -O3 (cpp_extension picks the architectures).
+# errors, with the language level and half/bfloat16 macros cpp_extension's JIT build uses. The JIT
+# build adds only -O3 (cpp_extension picks the architectures).
 CUDA_ARCHS = ("80", "90")
-NVCC_FLAGS = ["-std=c++17", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
+NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
 CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 
@@ -63,7 +64,9 @@ def cuda_sources() -> list[str]:
 
 def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
     """The nvcc command that compiles one kernel file to an object (the compile check)."""
-    return [nvcc, *NVCC_FLAGS, "-c", source, "-o", output]
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
+    return [nvcc, *NVCC_FLAGS, *COMMON_NVCC_FLAGS, "-c", source, "-o", output]
 
 
 def cuda_extension_name() -> str:

@@ -50,10 +50,7 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
-  check_mutable("adam_", "params", params, params);
-  const auto grads = checked_grads("adam_", params, grads_in);
-  check_mutable("adam_", "exp_avgs", params, exp_avgs);
-  check_mutable("adam_", "exp_avg_sqs", params, exp_avg_sqs);
+  const auto grads = check_moment_inputs("adam_", params, grads_in, exp_avgs, exp_avg_sqs);
   if (amsgrad) {
     check_mutable("adam_", "max_exp_avg_sqs", params, max_exp_avg_sqs);
   } else {

@@ -136,10 +136,7 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
 template <typename PerTensor>
 void run_lamb(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList steps, Lamb& a, const PerTensor& per_tensor) {
-  check_mutable(op, "params", params, params);
-  const auto grads = checked_grads(op, params, grads_in);
-  check_mutable(op, "exp_avgs", params, exp_avgs);
-  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
   check_steps(op, params, steps);
   const size_t n = params.size();
   a.c1.resize(n);

@@ -257,10 +257,7 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  check_mutable(op, "params", params, params);
-  const auto grads = checked_grads(op, params, grads_in);
-  check_mutable(op, "exp_avgs", params, exp_avgs);
-  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
   if (amsgrad) {
     check_mutable(op, "max_exp_avg_sqs", params, max_exp_avg_sqs);
   } else {
@@ -293,10 +290,7 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  check_mutable(op, "params", params, params);
-  const auto grads = checked_grads(op, params, grads_in);
-  check_mutable(op, "exp_avgs", params, exp_avgs);
-  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
   auto step_ptrs = checked_steps(op, params, steps);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   a.s = scalars.get();

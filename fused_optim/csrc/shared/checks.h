@@ -50,6 +50,16 @@ inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList para
   return out;
 }
 
+// Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
+inline std::vector<at::Tensor> check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+                                                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
+  check_mutable(op, "params", params, params);
+  auto grads = checked_grads(op, params, grads_in);
+  check_mutable(op, "exp_avgs", params, exp_avgs);
+  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  return grads;
+}
+
 // Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
 inline std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
                                                 at::TensorList momentum_buffers, const c10::List<bool>& first_step,
