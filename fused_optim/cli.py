@@ -20,19 +20,28 @@ def cmd_info(args) -> int:
     print(f"CUDA             {'available: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'not available'}")
     ok = _build.is_available()
     print(f"CPU kernels      {'built' if ok else 'NOT available'}  ({_build.build_directory()})")
+    if ok and torch.cuda.is_available():
+        ok = _build.is_available("cuda")
+        where = _build.build_directory(_build.cuda_extension_name())
+        print(f"CUDA kernels     {'built' if ok else 'NOT available'}  ({where})")
     if not ok:
-        print(_build.build_error())
+        print(_build.build_error("cuda"))
     return 0 if ok else 1
 
 
 def cmd_build(args) -> int:
-    start = time.perf_counter()
-    try:
-        _build.load()
-    except _build.BuildError as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(f"CPU kernels ready in {time.perf_counter() - start:.1f} s ({_build.build_directory()})")
+    """The CPU kernels, and the CUDA kernels too where torch sees a GPU."""
+    kinds = [("CPU", "cpu", _build.extension_name())]
+    if torch.cuda.is_available():
+        kinds.append(("CUDA", "cuda", _build.cuda_extension_name()))
+    for label, device_type, name in kinds:
+        start = time.perf_counter()
+        try:
+            _build.load(device_type)
+        except _build.BuildError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"{label} kernels ready in {time.perf_counter() - start:.1f} s ({_build.build_directory(name)})")
     return 0
 
 

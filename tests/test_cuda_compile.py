@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from fused_optim import _build
 
@@ -56,3 +57,11 @@ def test_binding_compiles_against_torch_and_cuda_headers(tmp_path):
                *(flag for p in includes for flag in ("-isystem", p)), str(_build.CUDA_BINDING)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given where there is no GPU")
+def test_the_cuda_build_without_a_gpu_says_why_and_leaves_the_cpu_kernels():
+    with pytest.raises(_build.BuildError, match=r"could not build its CUDA kernels .*is_available\(\) is False"):
+        _build.load("cuda")
+    assert not _build.is_available("cuda") and _build.is_available("cpu")
+    assert "CUDA kernels" in _build.build_error("cuda") and _build.build_error("cpu") is None
