@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -66,7 +67,7 @@ struct Block {
 };
 
 template <typename T>
-inline Block<T> load_block(const T* p) {
+C10_ALWAYS_INLINE Block<T> load_block(const T* p) {
   Block<T> b;
   if constexpr (kHalves<T> == 2) {
     at::vec::load_to_float(p, b.v[0], b.v[1]);
@@ -79,20 +80,27 @@ inline Block<T> load_block(const T* p) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 // fp32 -> bf16 in one instruction per 32 lanes (round to nearest even, like ATen's conversion),
 // used when no lane is an fp32 denormal: the instruction flushes those to zero, ATen keeps them.
-inline bool store_bf16_fast(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
+C10_ALWAYS_INLINE bool store_bf16_fast(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
   constexpr int kDenormal = 0x20;  // vfpclassps category: denormal
   if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) return false;
   _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
   return true;
 }
+
+// The rare block with a denormal lane: ATen's conversion, out of line. Inlined, its size stops the
+// compiler from inlining the block loop, which then spills every block to the stack (3x slower).
+C10_NOINLINE inline void store_bf16_denormal(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
+  at::vec::convert_from_float<c10::BFloat16>(lo, hi).store(p);
+}
 #endif
 
 template <typename T>
-inline void store_block(T* p, const Block<T>& b) {
+C10_ALWAYS_INLINE void store_block(T* p, const Block<T>& b) {
   if constexpr (kHalves<T> == 2) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      if (store_bf16_fast(p, b.v[0], b.v[1])) return;
+      if (C10_LIKELY(store_bf16_fast(p, b.v[0], b.v[1]))) return;
+      return store_bf16_denormal(p, b.v[0], b.v[1]);
     }
 #endif
     at::vec::convert_from_float<T>(b.v[0], b.v[1]).store(p);
@@ -103,10 +111,10 @@ inline void store_block(T* p, const Block<T>& b) {
 
 // Read-only streams (const pointers) are never written back.
 template <typename T>
-inline void store_block(const T*, const Block<T>&) {}
+C10_ALWAYS_INLINE void store_block(const T*, const Block<T>&) {}
 
 template <typename T, typename Body, typename Tuple, size_t... I>
-inline void run_block(const Body& body, const Tuple& ptrs, int64_t i, std::index_sequence<I...>) {
+C10_ALWAYS_INLINE void run_block(const Body& body, const Tuple& ptrs, int64_t i, std::index_sequence<I...>) {
   auto vals = std::make_tuple(load_block(std::get<I>(ptrs) + i)...);
   for (int h = 0; h < kHalves<T>; ++h) body(std::get<I>(vals).v[h]...);
   (store_block(std::get<I>(ptrs) + i, std::get<I>(vals)), ...);
