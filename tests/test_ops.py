@@ -24,19 +24,18 @@ MOMENTUM_OPS = ("sgd_", "sign_sgd_", "lars_", "colossal_lars_")  # state: moment
 MOMENT_LISTS = {"adam_": 3, "lamb_": 2, "colossal_lamb_": 2}  # state: moment lists + step counters
 
 
-def sample_args(op: str, dtype, amp: bool):
+def sample_args(op: str, dtype, amp: bool, sizes=(1, 33, 4097)):
     """(params, grads, state lists..., per-step lists...), kwargs: split as the bucket twin wants
     them by ``state_and_per_step``."""
-    sizes = (1, 33, 4097)
     params = [torch.randn(n, dtype=dtype) for n in sizes]
     grads = [torch.randn(n, dtype=dtype) for n in sizes]
     if op in MOMENTUM_OPS:
-        lists = ([torch.randn(n, dtype=dtype) for n in sizes], [True, False, False])
+        lists = ([torch.randn(n, dtype=dtype) for n in sizes], [k % 3 == 0 for k in range(len(sizes))])
     elif op == "sparsified_sgd_":
         lists = ([torch.randn(n, dtype=dtype) for n in sizes],)  # error-feedback memories
     else:
         lists = tuple([torch.rand(n, dtype=dtype) for n in sizes] for _ in range(MOMENT_LISTS[op])) + (
-            [torch.tensor(float(k)) for k in range(3)],)
+            [torch.tensor(float(k % 3)) for k in range(len(sizes))],)
     kwargs = dict(SCALARS[op])
     if op == "lamb_":
         kwargs["global_grad_norm"] = torch.tensor(30.0)  # > max_grad_norm: clips
@@ -66,14 +65,28 @@ def test_opcheck(op, dtype, amp):
     torch.library.opcheck(getattr(torch.ops.fused_optim, op).default, args, kwargs)
 
 
+# Bucket layouts above the launcher's serial threshold (32768 elements), whose thread shares end
+# inside a tensor (moved down to a multiple of 64 elements), inside a tensor smaller than that, on
+# empty tensors and exactly on tensor boundaries, for 1, 2 and 3 threads.
+LAUNCH_LAYOUTS = {"even": (1, 33, 4097), "tiny_at_split": (0, 40000, 0, 5, 0, 40000, 0),
+                  "boundary": (32768, 0, 32768), "ragged": (70001, 3, 129, 64, 65, 0, 1)}
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("layout", list(LAUNCH_LAYOUTS))
 @pytest.mark.parametrize("op", list(SCALARS))
-def test_kernel_equals_reference_on_the_op_level(op):
+def test_kernel_equals_reference_on_the_op_level(op, layout, threads):
+    """Every element updated once, whatever the layout and the number of threads sharing it."""
     from fused_optim import _reference
 
-    args, kwargs = sample_args(op, torch.float64, amp=True)
+    args, kwargs = sample_args(op, torch.float64, amp=True, sizes=LAUNCH_LAYOUTS[layout])
     clone = lambda xs: [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]  # noqa: E731
     ref_args = tuple(clone(a) for a in args)
-    getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    torch.set_num_threads(threads)
+    try:
+        getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    finally:
+        torch.set_num_threads(2)  # the session's setting (conftest)
     getattr(_reference, op)(*ref_args, **same_draws(kwargs))
     for a, b in zip(args, ref_args):
         for x, y in zip(a, b):

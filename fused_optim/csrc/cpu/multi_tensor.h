@@ -1,11 +1,13 @@
 // The only CPU launcher of fused_optim.
 //
-// An op hands over every tensor of one (group, device, dtype) bucket at once. The launcher cuts
-// all of them into kChunk-element work items and runs ONE at::parallel_for over the items, so a
-// model of many small tensors pays for one parallel region per step instead of one per tensor.
-// Inside an item, for_each_block() walks the elements in SIMD blocks of at::vec::Vectorized
-// converted to the op's math type (fp32 for fp16/bf16 storage, otherwise the storage type); the tail of an
-// item is staged through a zero-padded stack buffer so each op writes its math exactly once.
+// An op hands over every tensor of one (group, device, dtype) bucket at once, and the launcher
+// runs ONE parallel region over all of them, so a model of many small tensors pays for one region
+// per step instead of one per tensor. multi_tensor_apply shares the elements out between threads
+// by count; multi_tensor_sums cuts them into kChunk-element work items whose partial sums are
+// added in a fixed order. Inside a piece, for_each_block() walks the elements in SIMD blocks of
+// at::vec::Vectorized converted to the op's math type (fp32 for fp16/bf16 storage, otherwise the
+// storage type); the tail of a piece is staged through a zero-padded stack buffer so each op
+// writes its math exactly once.
 #pragma once
 
 // at::vec picks its SIMD implementation from CPU_CAPABILITY_* macros that torch's own build sets
@@ -43,7 +45,7 @@
 
 namespace fused_optim {
 
-// 16K elements: 64 KiB of fp32 per stream, a multiple of a cache line for every dtype.
+// A work item of the sums: 16K elements, 64 KiB of fp32 per stream, whole cache lines for every dtype.
 constexpr int64_t kChunk = 16384;
 // Below this many elements in a bucket, one thread does everything (a parallel region costs more).
 constexpr int64_t kSerialBelow = 32768;
@@ -158,42 +160,95 @@ inline void for_each_block(int64_t begin, int64_t end, const Body& body, Ptr... 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Work items: kChunk-sized pieces covering all elements of all tensors, in tensor order.
+// Threads share a bucket's elements by count, not by tensor: part i of n is the elements
+// [i*total/n, (i+1)*total/n) of the tensors laid end to end (moved to a piece boundary), one part
+// per thread, all in one parallel region. A model mixing 64-element and 2M-element tensors keeps
+// both threads busy to the end.
+inline int64_t parts_for(int64_t total) { return total < kSerialBelow ? 1 : at::get_num_threads(); }
+
+// run(i) for every part i, one part per thread (inline when there is one part).
+template <typename F>
+inline void run_parts(int64_t parts, const F& run) {
+  auto each = [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) run(i);
+  };
+  if (parts == 1) {
+    each(0, 1);
+  } else {
+    at::parallel_for(0, parts, 1, each);
+  }
+}
+
+// offsets[t]: where tensor t starts among the tensors laid end to end; offsets.back(): the total.
+inline std::vector<int64_t> offsets_of(const std::vector<int64_t>& numels) {
+  std::vector<int64_t> offsets(numels.size() + 1, 0);
+  for (size_t t = 0; t < numels.size(); ++t) offsets[t + 1] = offsets[t] + numels[t];
+  return offsets;
+}
+
+// Work items (of the sums): kChunk-sized pieces covering all elements of all tensors, in tensor order.
 struct WorkItem {
   int64_t tensor, begin, end;
 };
 
-inline std::vector<WorkItem> work_items(const std::vector<int64_t>& numels, int64_t& total) {
+inline std::vector<WorkItem> work_items(const std::vector<int64_t>& numels) {
   std::vector<WorkItem> items;
-  total = 0;
   for (int64_t t = 0; t < static_cast<int64_t>(numels.size()); ++t) {
     for (int64_t b = 0; b < numels[t]; b += kChunk) {
       items.push_back({t, b, std::min(b + kChunk, numels[t])});
     }
-    total += numels[t];
   }
   return items;
 }
 
-// fn(k) for every item index k, inside a single parallel region (or inline for small buckets).
+// fn(k) for every item index k; part i runs the items that start in its share of the elements.
 template <typename F>
-inline void run_items(const std::vector<WorkItem>& items, int64_t total, const F& fn) {
-  auto run = [&](int64_t lo, int64_t hi) {
-    for (int64_t k = lo; k < hi; ++k) fn(k);
+inline void run_items(const std::vector<WorkItem>& items, const std::vector<int64_t>& offsets, const F& fn) {
+  const int64_t total = offsets.back();
+  const int64_t parts = items.size() < 2 ? 1 : parts_for(total);
+  auto first_item = [&](int64_t i) {
+    if (i == parts) return static_cast<int64_t>(items.size());
+    const int64_t s = total * i / parts;
+    return static_cast<int64_t>(std::partition_point(items.begin(), items.end(), [&](const WorkItem& w) {
+                                  return offsets[w.tensor] + w.begin < s;
+                                }) - items.begin());
   };
-  if (total < kSerialBelow || items.size() < 2) {
-    run(0, static_cast<int64_t>(items.size()));
-  } else {
-    at::parallel_for(0, static_cast<int64_t>(items.size()), 1, run);
-  }
+  run_parts(parts, [&](int64_t i) {
+    for (int64_t k = first_item(i), end = first_item(i + 1); k < end; ++k) fn(k);
+  });
 }
 
-// The launcher: fn(tensor_index, begin, end) is called for every work item.
+// The launcher: fn(tensor_index, begin, end) over every element of every tensor. A part's ends
+// are moved down to a multiple of kAlign elements of their tensor (whole cache lines and SIMD
+// blocks: no false sharing, no staged tail inside a tensor), and a thread streams through each of
+// its tensors in one call, as torch's per-tensor kernels do (16K-element items, one call each,
+// measured 5-15% slower when memory-bound).
+constexpr int64_t kAlign = 64;
+
 template <typename F>
 inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) {
-  int64_t total = 0;
-  const auto items = work_items(numels, total);
-  run_items(items, total, [&](int64_t k) { fn(items[k].tensor, items[k].begin, items[k].end); });
+  const auto offsets = offsets_of(numels);
+  const int64_t total = offsets.back();
+  const int64_t parts = parts_for(total);
+  // The last tensor that starts at or before element s (a non-empty one unless s == total).
+  auto tensor_at = [&](int64_t s) {
+    return static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), s) - offsets.begin() - 1);
+  };
+  auto part_start = [&](int64_t i) {
+    if (i == parts) return total;
+    const int64_t s = total * i / parts;
+    const int64_t base = offsets[tensor_at(s)];
+    return base + (s - base) / kAlign * kAlign;
+  };
+  run_parts(parts, [&](int64_t i) {
+    const int64_t end = part_start(i + 1);
+    for (int64_t s = part_start(i); s < end;) {
+      const size_t t = tensor_at(s);
+      const int64_t stop = std::min(end, offsets[t + 1]);
+      fn(static_cast<int64_t>(t), s - offsets[t], stop - offsets[t]);
+      s = stop;
+    }
+  });
 }
 
 // Two-pass ops (norms first, then the update) run range by range: consecutive tensors whose
@@ -223,10 +278,9 @@ inline std::vector<TensorRange> cache_ranges(const std::vector<int64_t>& numels,
 // depend on the number of threads.
 template <size_t K, typename F>
 inline std::vector<std::array<double, K>> multi_tensor_sums(const std::vector<int64_t>& numels, const F& fn) {
-  int64_t total = 0;
-  const auto items = work_items(numels, total);
+  const auto items = work_items(numels);
   std::vector<std::array<double, K>> partial(items.size());
-  run_items(items, total, [&](int64_t k) { partial[k] = fn(items[k].tensor, items[k].begin, items[k].end); });
+  run_items(items, offsets_of(numels), [&](int64_t k) { partial[k] = fn(items[k].tensor, items[k].begin, items[k].end); });
   std::vector<std::array<double, K>> sums(numels.size());
   for (auto& s : sums) s.fill(0.0);
   for (size_t k = 0; k < items.size(); ++k) {
