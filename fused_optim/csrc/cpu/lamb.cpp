@@ -7,9 +7,9 @@
 //   r[t] <- ||p||/||u|| (1 if a norm is 0; min(r, 1) with trust_clip) when the trust ratio is on
 //   p <- p - lr[t]*r[t]*u
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
-// order, see multi_tensor_sums); pass 2 recomputes u from the stored m, v and the untouched p and
-// updates p. So no host sync per tensor and no scratch buffer: the data is read twice, and the
-// two passes go range by range (cache_ranges) so the second finds m, v and p in the cache.
+// order); pass 2 recomputes u from the stored m, v and the untouched p and updates p. So no host
+// sync per tensor and no scratch buffer: the data is read twice, in one two-pass launch
+// (multi_tensor_two_pass) that updates a tensor right after its sums, while it is in the cache.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
@@ -98,38 +98,35 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
     });
     return;
   }
-  for (const auto [first, last] : cache_ranges(numels, 4 * sizeof(T))) {
-    const std::vector<int64_t> range(numels.begin() + first, numels.begin() + last);
-    const auto sums = multi_tensor_sums<2>(range, [&](int64_t k, int64_t begin, int64_t end) {
-      const size_t t = first + k;
-      const auto math = math_of(t);
-      V p2(0), u2(0);
-      for_each_block<T>(
-          begin, end,
-          [&](auto& p, auto& g, auto& m, auto& v) {
-            math.moments(p, g, m, v);
-            const V u = math.update(p, m, v);
-            p2 = at::vec::fmadd(p, p, p2);
-            u2 = at::vec::fmadd(u, u, u2);
-          },
-          cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
-      return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
-    });
-    for (size_t t = first; t < last; ++t) {
-      const double pn = std::sqrt(sums[t - first][0]), un = std::sqrt(sums[t - first][1]);
-      double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
-      if (a.trust_clip) r = std::min(r, 1.0);
-      neg_lr[t] *= r;
-    }
-    multi_tensor_apply(range, [&](int64_t k, int64_t begin, int64_t end) {
-      const size_t t = first + k;
-      const auto math = math_of(t);
-      const V step(static_cast<M>(neg_lr[t]));
-      for_each_block<T>(
-          begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
-          ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
-    });
-  }
+  multi_tensor_two_pass<2>(
+      numels,
+      [&](int64_t t, int64_t begin, int64_t end) {
+        const auto math = math_of(t);
+        V p2(0), u2(0);
+        for_each_block<T>(
+            begin, end,
+            [&](auto& p, auto& g, auto& m, auto& v) {
+              math.moments(p, g, m, v);
+              const V u = math.update(p, m, v);
+              p2 = at::vec::fmadd(p, p, p2);
+              u2 = at::vec::fmadd(u, u, u2);
+            },
+            cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+        return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
+      },
+      [&](int64_t t, const std::array<double, 2>& sums) {
+        const double pn = std::sqrt(sums[0]), un = std::sqrt(sums[1]);
+        double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
+        if (a.trust_clip) r = std::min(r, 1.0);
+        neg_lr[t] *= r;
+      },
+      [&](int64_t t, int64_t begin, int64_t end) {
+        const auto math = math_of(t);
+        const V step(static_cast<M>(neg_lr[t]));
+        for_each_block<T>(
+            begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
+            ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
+      });
 }
 
 // Checks, the per-tensor step counters, and the update. per_tensor(t, step) fills a.c1/c2/lr[t].

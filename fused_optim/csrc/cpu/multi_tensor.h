@@ -218,6 +218,31 @@ inline void run_items(const std::vector<WorkItem>& items, const std::vector<int6
   });
 }
 
+// The start of each part (parts + 1 entries, the last = total): its share of the elements, moved
+// down to a multiple of `align` elements of the tensor it falls in.
+inline std::vector<int64_t> part_starts(const std::vector<int64_t>& offsets, int64_t parts, int64_t align) {
+  const int64_t total = offsets.back();
+  std::vector<int64_t> starts(parts + 1, total);
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t s = total * i / parts;
+    const int64_t base = *(std::upper_bound(offsets.begin(), offsets.end(), s) - 1);
+    starts[i] = base + (s - base) / align * align;
+  }
+  return starts;
+}
+
+// fn(tensor, begin, end) for each tensor's piece of the elements [s, end) (empty tensors skipped).
+template <typename F>
+inline void for_each_segment(const std::vector<int64_t>& offsets, int64_t s, int64_t end, const F& fn) {
+  while (s < end) {
+    // the last tensor that starts at or before s: a non-empty one, as s < total
+    const auto t = static_cast<int64_t>(std::upper_bound(offsets.begin(), offsets.end(), s) - offsets.begin() - 1);
+    const int64_t stop = std::min(end, offsets[t + 1]);
+    fn(t, s - offsets[t], stop - offsets[t]);
+    s = stop;
+  }
+}
+
 // The launcher: fn(tensor_index, begin, end) over every element of every tensor. A part's ends
 // are moved down to a multiple of kAlign elements of their tensor (whole cache lines and SIMD
 // blocks: no false sharing, no staged tail inside a tensor), and a thread streams through each of
@@ -228,49 +253,9 @@ constexpr int64_t kAlign = 64;
 template <typename F>
 inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) {
   const auto offsets = offsets_of(numels);
-  const int64_t total = offsets.back();
-  const int64_t parts = parts_for(total);
-  // The last tensor that starts at or before element s (a non-empty one unless s == total).
-  auto tensor_at = [&](int64_t s) {
-    return static_cast<size_t>(std::upper_bound(offsets.begin(), offsets.end(), s) - offsets.begin() - 1);
-  };
-  auto part_start = [&](int64_t i) {
-    if (i == parts) return total;
-    const int64_t s = total * i / parts;
-    const int64_t base = offsets[tensor_at(s)];
-    return base + (s - base) / kAlign * kAlign;
-  };
-  run_parts(parts, [&](int64_t i) {
-    const int64_t end = part_start(i + 1);
-    for (int64_t s = part_start(i); s < end;) {
-      const size_t t = tensor_at(s);
-      const int64_t stop = std::min(end, offsets[t + 1]);
-      fn(static_cast<int64_t>(t), s - offsets[t], stop - offsets[t]);
-      s = stop;
-    }
-  });
-}
-
-// Two-pass ops (norms first, then the update) run range by range: consecutive tensors whose
-// data (bytes_per_element over all streams) fits in the shared cache, so the second pass reads
-// what the first left there instead of memory. A tensor larger than that is a range of its own.
-constexpr int64_t kCacheBytes = 16 << 20;
-
-struct TensorRange {
-  size_t begin, end;
-};
-
-inline std::vector<TensorRange> cache_ranges(const std::vector<int64_t>& numels, int64_t bytes_per_element) {
-  std::vector<TensorRange> ranges;
-  for (size_t t = 0; t < numels.size();) {
-    const size_t begin = t;
-    int64_t bytes = numels[t++] * bytes_per_element;
-    while (t < numels.size() && bytes + numels[t] * bytes_per_element <= kCacheBytes) {
-      bytes += numels[t++] * bytes_per_element;
-    }
-    ranges.push_back({begin, t});
-  }
-  return ranges;
+  const int64_t parts = parts_for(offsets.back());
+  const auto starts = part_starts(offsets, parts, kAlign);
+  run_parts(parts, [&](int64_t i) { for_each_segment(offsets, starts[i], starts[i + 1], fn); });
 }
 
 // Per-tensor sums of K quantities: fn(tensor_index, begin, end) returns an item's K partial sums;
@@ -287,6 +272,56 @@ inline std::vector<std::array<double, K>> multi_tensor_sums(const std::vector<in
     for (size_t j = 0; j < K; ++j) sums[items[k].tensor][j] += partial[k][j];
   }
   return sums;
+}
+
+// Two-pass ops (LAMB, LARS): per-tensor sums of K quantities, then an update that needs them.
+// sum(t, begin, end) returns one work item's K partial sums (it may also update state of those
+// elements: it runs once per item); finish(t, sums) gets tensor t's totals, added in item order
+// as in multi_tensor_sums, before update(t, begin, end) runs over the tensor. Parts end on item
+// boundaries. A thread runs both passes over each tensor it holds whole, back to back, so the
+// update finds the tensor in its cache (L2 up to some 64K fp32 elements of four streams, L3
+// beyond); the tensors shared between threads (at most one per part boundary) are finished after
+// the parallel region and updated in a second one.
+template <size_t K, typename Sum, typename Finish, typename Update>
+void multi_tensor_two_pass(const std::vector<int64_t>& numels, const Sum& sum, const Finish& finish,
+                           const Update& update) {
+  using Sums = std::array<double, K>;
+  const auto offsets = offsets_of(numels);
+  const int64_t parts = parts_for(offsets.back());
+  const auto starts = part_starts(offsets, parts, kChunk);
+  const size_t n = numels.size();
+  std::vector<int64_t> first_item(n + 1, 0);  // items of tensor t: [first_item[t], first_item[t + 1])
+  for (size_t t = 0; t < n; ++t) first_item[t + 1] = first_item[t] + (numels[t] + kChunk - 1) / kChunk;
+  std::vector<Sums> partial(first_item[n]);
+  std::vector<char> shared(n, 0);
+  for (int64_t i = 1; i < parts; ++i) {
+    for_each_segment(offsets, starts[i], starts[i] + 1, [&](int64_t t, int64_t begin, int64_t) {
+      if (begin > 0) shared[t] = 1;
+    });
+  }
+  auto totals = [&](int64_t t) {
+    Sums s{};
+    for (int64_t k = first_item[t]; k < first_item[t + 1]; ++k) {
+      for (size_t j = 0; j < K; ++j) s[j] += partial[k][j];
+    }
+    return s;
+  };
+  run_parts(parts, [&](int64_t i) {
+    for_each_segment(offsets, starts[i], starts[i + 1], [&](int64_t t, int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; b += kChunk) partial[first_item[t] + b / kChunk] = sum(t, b, std::min(b + kChunk, end));
+      if (shared[t]) return;
+      finish(t, totals(t));
+      update(t, int64_t{0}, numels[t]);
+    });
+  });
+  std::vector<int64_t> rest, rest_numels;
+  for (size_t t = 0; t < n; ++t) {
+    if (!shared[t]) continue;
+    finish(static_cast<int64_t>(t), totals(t));
+    rest.push_back(static_cast<int64_t>(t));
+    rest_numels.push_back(numels[t]);
+  }
+  if (!rest.empty()) multi_tensor_apply(rest_numels, [&](int64_t k, int64_t begin, int64_t end) { update(rest[k], begin, end); });
 }
 
 // The lanes of a vector added in lane order, in double.

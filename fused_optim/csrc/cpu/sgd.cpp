@@ -6,6 +6,9 @@
 #include "ops.h"
 #include "sgd_family.h"
 
+#include <cmath>
+#include <type_traits>
+
 namespace fused_optim {
 namespace {
 
@@ -47,17 +50,19 @@ struct SgdMath {
   }
 };
 
+// The update of elements [begin, end) of tensor t, with tensor t's numbers from args.
 template <typename T, Direction D>
-void sgd_family_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
-                      const c10::List<bool>& first_step, const SgdFamily& a, TensorRange range) {
-  using M = opmath_t<T>;
-  using V = FVec<T>;
-  const bool has_momentum = a.momentum != 0.0;
-  std::vector<int64_t> numels;
-  numels.reserve(range.end - range.begin);
-  for (size_t t = range.begin; t < range.end; ++t) numels.push_back(params[t].numel());
-  multi_tensor_apply(numels, [&](int64_t k, int64_t begin, int64_t end) {
-    const size_t t = range.begin + k;
+struct SgdUpdate {
+  using scalar_t = T;
+  at::TensorList params;
+  const std::vector<at::Tensor>& grads;
+  at::TensorList bufs;
+  const c10::List<bool>& first_step;
+  const SgdFamily& a;
+
+  void operator()(int64_t t, int64_t begin, int64_t end) const {
+    using M = opmath_t<T>;
+    using V = FVec<T>;
     const SgdMath<T, D> math{V(static_cast<M>(a.grad_mul[t])),
                              V(static_cast<M>(a.weight_decay[t])),
                              V(static_cast<M>(a.momentum)),
@@ -70,29 +75,59 @@ void sgd_family_typed(at::TensorList params, const std::vector<at::Tensor>& grad
                              !first_step.empty() && first_step[t]};
     T* p = ptr<T>(params[t]);
     const T* g = ptr<T>(grads[t]);
-    if (has_momentum) {
+    if (a.momentum != 0.0) {
       for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { math.apply(pv, gv, bv); }, p, g,
                         ptr<T>(bufs[t]));
     } else {
       for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { math.apply(pv, gv); }, p, g);
     }
+  }
+};
+
+// f(update) with the SgdUpdate of the params' dtype and the direction.
+template <typename F>
+void with_update(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
+                 const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
+  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
+    switch (a.direction) {
+      case Direction::kPlain: return f(SgdUpdate<scalar_t, Direction::kPlain>{params, grads, bufs, first_step, a});
+      case Direction::kSign: return f(SgdUpdate<scalar_t, Direction::kSign>{params, grads, bufs, first_step, a});
+      case Direction::kClamp: return f(SgdUpdate<scalar_t, Direction::kClamp>{params, grads, bufs, first_step, a});
+    }
   });
+}
+
+std::vector<int64_t> numels_of(at::TensorList params) {
+  std::vector<int64_t> numels;
+  numels.reserve(params.size());
+  for (const auto& p : params) numels.push_back(p.numel());
+  return numels;
 }
 
 }  // namespace
 
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
-                const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range) {
-  if (range.begin == range.end) return;
-  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
-    switch (args.direction) {
-      case Direction::kPlain:
-        return sgd_family_typed<scalar_t, Direction::kPlain>(params, grads, bufs, first_step, args, range);
-      case Direction::kSign:
-        return sgd_family_typed<scalar_t, Direction::kSign>(params, grads, bufs, first_step, args, range);
-      case Direction::kClamp:
-        return sgd_family_typed<scalar_t, Direction::kClamp>(params, grads, bufs, first_step, args, range);
-    }
+                const c10::List<bool>& first_step, const SgdFamily& args) {
+  if (params.empty()) return;
+  with_update(params, grads, bufs, first_step, args,
+              [&](const auto& update) { multi_tensor_apply(numels_of(params), update); });
+}
+
+void sgd_family_after_norms(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,
+                            const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set) {
+  if (params.empty()) return;
+  with_update(params, grads, bufs, first_step, args, [&](const auto& update) {
+    using T = typename std::decay_t<decltype(update)>::scalar_t;
+    multi_tensor_two_pass<2>(
+        numels_of(params),
+        [&](int64_t t, int64_t begin, int64_t end) {
+          return std::array<double, 2>{sum_of_squares(cptr<T>(params[t]), begin, end),
+                                       sum_of_squares(cptr<T>(grads[t]), begin, end)};
+        },
+        [&](int64_t t, const std::array<double, 2>& sums) {
+          set(static_cast<size_t>(t), std::sqrt(sums[0]), std::sqrt(sums[1]));
+        },
+        update);
   });
 }
 
@@ -111,7 +146,7 @@ void sgd_like(const char* op, Direction direction, at::TensorList params, at::Te
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
                  std::vector<double>(n, weight_decay), std::vector<double>(n, lr)};
-  sgd_family(params, grads, bufs, first_step, args, {0, n});
+  sgd_family(params, grads, bufs, first_step, args);
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 //   buf <- d (first step) | momentum*buf + (1-dampening)*d ; d <- d + momentum*buf (nesterov) | buf
 //   d <- d + wd[t]*p (wd_after_momentum) ; p <- p - lr[t]*(sign(d) (kSign) | d)
 // sgd.cpp implements it; the ops that only differ in how they choose the per-tensor numbers
-// (sgd_, sign_sgd_, lars_, colossal_lars_) call it after their own checks.
+// (sgd_, sign_sgd_, lars_, colossal_lars_) call it after their own checks, LARS through
+// sgd_family_after_norms, which has the numbers set from each tensor's ||p|| and ||g||.
 #pragma once
 
 #include "multi_tensor.h"
@@ -13,6 +14,7 @@
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 namespace fused_optim {
@@ -26,8 +28,17 @@ struct SgdFamily {
   std::vector<double> grad_mul, weight_decay, lr;  // one per tensor
 };
 
-// The update of tensors [range.begin, range.end), on inputs already checked by check_sgd_inputs.
+// The update, on inputs already checked by check_sgd_inputs.
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList momentum_buffers,
-                const c10::List<bool>& first_step, const SgdFamily& args, TensorRange range);
+                const c10::List<bool>& first_step, const SgdFamily& args);
+
+// set(t, ||p[t]||, ||g[t]||) changes args' numbers of tensor t (grads as stored: not unscaled).
+using SetNumbers = std::function<void(size_t t, double param_norm, double grad_norm)>;
+
+// The update after the norms: one two-pass launch (multi_tensor_two_pass) whose first pass sums
+// ||p||^2 and ||g||^2 per tensor; set() runs once per non-empty tensor, before its update.
+void sgd_family_after_norms(at::TensorList params, const std::vector<at::Tensor>& grads,
+                            at::TensorList momentum_buffers, const c10::List<bool>& first_step, const SgdFamily& args,
+                            const SetNumbers& set);
 
 }  // namespace fused_optim
