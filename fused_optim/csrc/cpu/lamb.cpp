@@ -73,8 +73,7 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
   using M = opmath_t<T>;
   using V = FVec<T>;
   const size_t n = params.size();
-  std::vector<int64_t> numels;
-  for (const auto& p : params) numels.push_back(p.numel());
+  const auto numels = numels_of(params);
   const double grad_mul = grad_multiplier<T>(grads, numels, a);
   auto math_of = [&](size_t t) {
     return LambMath<T>{V(static_cast<M>(grad_mul)), V(static_cast<M>(a.weight_decay)), V(static_cast<M>(a.beta1)),

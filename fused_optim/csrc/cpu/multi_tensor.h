@@ -179,43 +179,18 @@ inline void run_parts(int64_t parts, const F& run) {
   }
 }
 
+inline std::vector<int64_t> numels_of(at::TensorList tensors) {
+  std::vector<int64_t> numels;
+  numels.reserve(tensors.size());
+  for (const auto& t : tensors) numels.push_back(t.numel());
+  return numels;
+}
+
 // offsets[t]: where tensor t starts among the tensors laid end to end; offsets.back(): the total.
 inline std::vector<int64_t> offsets_of(const std::vector<int64_t>& numels) {
   std::vector<int64_t> offsets(numels.size() + 1, 0);
   for (size_t t = 0; t < numels.size(); ++t) offsets[t + 1] = offsets[t] + numels[t];
   return offsets;
-}
-
-// Work items (of the sums): kChunk-sized pieces covering all elements of all tensors, in tensor order.
-struct WorkItem {
-  int64_t tensor, begin, end;
-};
-
-inline std::vector<WorkItem> work_items(const std::vector<int64_t>& numels) {
-  std::vector<WorkItem> items;
-  for (int64_t t = 0; t < static_cast<int64_t>(numels.size()); ++t) {
-    for (int64_t b = 0; b < numels[t]; b += kChunk) {
-      items.push_back({t, b, std::min(b + kChunk, numels[t])});
-    }
-  }
-  return items;
-}
-
-// fn(k) for every item index k; part i runs the items that start in its share of the elements.
-template <typename F>
-inline void run_items(const std::vector<WorkItem>& items, const std::vector<int64_t>& offsets, const F& fn) {
-  const int64_t total = offsets.back();
-  const int64_t parts = items.size() < 2 ? 1 : parts_for(total);
-  auto first_item = [&](int64_t i) {
-    if (i == parts) return static_cast<int64_t>(items.size());
-    const int64_t s = total * i / parts;
-    return static_cast<int64_t>(std::partition_point(items.begin(), items.end(), [&](const WorkItem& w) {
-                                  return offsets[w.tensor] + w.begin < s;
-                                }) - items.begin());
-  };
-  run_parts(parts, [&](int64_t i) {
-    for (int64_t k = first_item(i), end = first_item(i + 1); k < end; ++k) fn(k);
-  });
 }
 
 // The start of each part (parts + 1 entries, the last = total): its share of the elements, moved
@@ -258,66 +233,89 @@ inline void multi_tensor_apply(const std::vector<int64_t>& numels, const F& fn) 
   run_parts(parts, [&](int64_t i) { for_each_segment(offsets, starts[i], starts[i + 1], fn); });
 }
 
-// Per-tensor sums of K quantities: fn(tensor_index, begin, end) returns an item's K partial sums;
-// they are added per tensor in item order after the parallel region, so the result does not
-// depend on the number of threads.
+// Fixed-order sums. Item j of tensor t is its elements [j*kChunk, (j+1)*kChunk); each item's K
+// partial sums go to their own slot, and a tensor's totals add its slots in item order, so they
+// do not depend on how many threads share the items. Parts end on item boundaries.
+template <size_t K>
+struct ItemSums {
+  using Sums = std::array<double, K>;
+  std::vector<int64_t> offsets, starts;
+  std::vector<int64_t> first;  // the slots of tensor t: [first[t], first[t + 1])
+  std::vector<Sums> partial;
+
+  explicit ItemSums(const std::vector<int64_t>& numels)
+      : offsets(offsets_of(numels)), starts(part_starts(offsets, parts_for(offsets.back()), kChunk)),
+        first(numels.size() + 1, 0) {
+    for (size_t t = 0; t < numels.size(); ++t) first[t + 1] = first[t] + (numels[t] + kChunk - 1) / kChunk;
+    partial.resize(first.back());
+  }
+
+  int64_t parts() const { return static_cast<int64_t>(starts.size()) - 1; }
+
+  // segment(t, begin, end) for each tensor piece of part i.
+  template <typename F>
+  void for_each_segment_of(int64_t i, const F& segment) const {
+    for_each_segment(offsets, starts[i], starts[i + 1], segment);
+  }
+
+  // The partial sums fn(t, b, e) of the items of [begin, end) of tensor t (begin on an item boundary).
+  template <typename F>
+  void sum_items(int64_t t, int64_t begin, int64_t end, const F& fn) {
+    for (int64_t b = begin; b < end; b += kChunk) partial[first[t] + b / kChunk] = fn(t, b, std::min(b + kChunk, end));
+  }
+
+  Sums totals(int64_t t) const {
+    Sums s{};
+    for (int64_t k = first[t]; k < first[t + 1]; ++k) {
+      for (size_t j = 0; j < K; ++j) s[j] += partial[k][j];
+    }
+    return s;
+  }
+};
+
+// Per-tensor sums of K quantities: fn(tensor_index, begin, end) returns an item's K partial sums
+// (see ItemSums: the result does not depend on the number of threads).
 template <size_t K, typename F>
 inline std::vector<std::array<double, K>> multi_tensor_sums(const std::vector<int64_t>& numels, const F& fn) {
-  const auto items = work_items(numels);
-  std::vector<std::array<double, K>> partial(items.size());
-  run_items(items, offsets_of(numels), [&](int64_t k) { partial[k] = fn(items[k].tensor, items[k].begin, items[k].end); });
+  ItemSums<K> items(numels);
+  run_parts(items.parts(), [&](int64_t i) {
+    items.for_each_segment_of(i, [&](int64_t t, int64_t begin, int64_t end) { items.sum_items(t, begin, end, fn); });
+  });
   std::vector<std::array<double, K>> sums(numels.size());
-  for (auto& s : sums) s.fill(0.0);
-  for (size_t k = 0; k < items.size(); ++k) {
-    for (size_t j = 0; j < K; ++j) sums[items[k].tensor][j] += partial[k][j];
-  }
+  for (size_t t = 0; t < numels.size(); ++t) sums[t] = items.totals(static_cast<int64_t>(t));
   return sums;
 }
 
 // Two-pass ops (LAMB, LARS): per-tensor sums of K quantities, then an update that needs them.
-// sum(t, begin, end) returns one work item's K partial sums (it may also update state of those
-// elements: it runs once per item); finish(t, sums) gets tensor t's totals, added in item order
-// as in multi_tensor_sums, before update(t, begin, end) runs over the tensor. Parts end on item
-// boundaries. A thread runs both passes over each tensor it holds whole, back to back, so the
-// update finds the tensor in its cache (L2 up to some 64K fp32 elements of four streams, L3
-// beyond); the tensors shared between threads (at most one per part boundary) are finished after
-// the parallel region and updated in a second one.
+// sum(t, begin, end) returns one item's K partial sums (it may also update state of those
+// elements: it runs once per item); finish(t, sums) gets tensor t's totals (as multi_tensor_sums
+// has them) before update(t, begin, end) runs over the tensor. A thread runs both passes over
+// each tensor it holds whole, back to back, so the update finds the tensor in its cache (L2 up to
+// some 64K fp32 elements of four streams, L3 beyond); the tensors shared between threads (at most
+// one per part boundary) are finished after the parallel region and updated in a second one.
 template <size_t K, typename Sum, typename Finish, typename Update>
 void multi_tensor_two_pass(const std::vector<int64_t>& numels, const Sum& sum, const Finish& finish,
                            const Update& update) {
-  using Sums = std::array<double, K>;
-  const auto offsets = offsets_of(numels);
-  const int64_t parts = parts_for(offsets.back());
-  const auto starts = part_starts(offsets, parts, kChunk);
+  ItemSums<K> items(numels);
   const size_t n = numels.size();
-  std::vector<int64_t> first_item(n + 1, 0);  // items of tensor t: [first_item[t], first_item[t + 1])
-  for (size_t t = 0; t < n; ++t) first_item[t + 1] = first_item[t] + (numels[t] + kChunk - 1) / kChunk;
-  std::vector<Sums> partial(first_item[n]);
   std::vector<char> shared(n, 0);
-  for (int64_t i = 1; i < parts; ++i) {
-    for_each_segment(offsets, starts[i], starts[i] + 1, [&](int64_t t, int64_t begin, int64_t) {
+  for (int64_t i = 1; i < items.parts(); ++i) {
+    for_each_segment(items.offsets, items.starts[i], items.starts[i] + 1, [&](int64_t t, int64_t begin, int64_t) {
       if (begin > 0) shared[t] = 1;
     });
   }
-  auto totals = [&](int64_t t) {
-    Sums s{};
-    for (int64_t k = first_item[t]; k < first_item[t + 1]; ++k) {
-      for (size_t j = 0; j < K; ++j) s[j] += partial[k][j];
-    }
-    return s;
-  };
-  run_parts(parts, [&](int64_t i) {
-    for_each_segment(offsets, starts[i], starts[i + 1], [&](int64_t t, int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; b += kChunk) partial[first_item[t] + b / kChunk] = sum(t, b, std::min(b + kChunk, end));
+  run_parts(items.parts(), [&](int64_t i) {
+    items.for_each_segment_of(i, [&](int64_t t, int64_t begin, int64_t end) {
+      items.sum_items(t, begin, end, sum);
       if (shared[t]) return;
-      finish(t, totals(t));
+      finish(t, items.totals(t));
       update(t, int64_t{0}, numels[t]);
     });
   });
   std::vector<int64_t> rest, rest_numels;
   for (size_t t = 0; t < n; ++t) {
     if (!shared[t]) continue;
-    finish(static_cast<int64_t>(t), totals(t));
+    finish(static_cast<int64_t>(t), items.totals(static_cast<int64_t>(t)));
     rest.push_back(static_cast<int64_t>(t));
     rest_numels.push_back(numels[t]);
   }

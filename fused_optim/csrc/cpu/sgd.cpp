@@ -97,13 +97,6 @@ void with_update(at::TensorList params, const std::vector<at::Tensor>& grads, at
   });
 }
 
-std::vector<int64_t> numels_of(at::TensorList params) {
-  std::vector<int64_t> numels;
-  numels.reserve(params.size());
-  for (const auto& p : params) numels.push_back(p.numel());
-  return numels;
-}
-
 }  // namespace
 
 void sgd_family(at::TensorList params, const std::vector<at::Tensor>& grads, at::TensorList bufs,

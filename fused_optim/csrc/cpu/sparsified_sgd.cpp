@@ -37,8 +37,7 @@ void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::Tens
   check_mutable("sparsified_sgd_", "params", params, params);
   const auto grads = checked_grads("sparsified_sgd_", params, grads_in);
   check_mutable("sparsified_sgd_", "memories", params, memories);
-  std::vector<int64_t> numels;
-  for (const auto& p : params) numels.push_back(p.numel());
+  const auto numels = numels_of(params);
   const auto indices = draw_sparse_indices(params, sparse_grad_size, random_sparse, generator);
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sparsified_sgd_", [&] {
     using M = opmath_t<scalar_t>;
