@@ -32,7 +32,12 @@ norms inside the kernel, without a host sync per tensor. ``lamb_`` clips with
 ``global_grad_norm`` (the norm over all groups' grads, a tensor), or when it is None with the norm
 of the grads it was given (the optimizer passes None when one call holds every grad).
 ``sum_squares_(sums, tensors, index)`` adds Σx² of ``tensors[i]`` to ``sums[index[i]]`` (float64):
-AdaScale's per-group sums of squared gradient norms.
+AdaScale's per-group sums of squared gradient norms. ``grad_norm_hooks(params, index, sums, counts)``
+registers C++ gradient hooks doing ``sum_squares_(sums, [g], [index[i]])`` for each micro-batch
+grad g of ``params[i]`` and counting backward passes in ``counts`` (int64: [passes, graph task id
+of the last]); it returns the hooks' positions for ``remove_grad_hooks(params, positions)``.
+``grad_sum_squares_(sums, params, index)`` is ``sum_squares_`` of the ``.grad`` of those params that
+have one (read on the C++ side).
 """
 
 from __future__ import annotations
@@ -127,6 +132,9 @@ def _l2norm_fake(tensors):
 _lib.define("sum_squares_(Tensor(a!) sums, Tensor[] tensors, int[] index) -> ()")
 torch.library.register_fake("fused_optim::sum_squares_", _fake, lib=_lib)
 _lib.define("bucket_free(int bucket) -> ()")
+_lib.define("grad_norm_hooks(Tensor[] params, int[] index, Tensor(a!) sums, Tensor(b!) counts) -> int[]")
+_lib.define("remove_grad_hooks(Tensor[] params, int[] positions) -> ()")
+_lib.define("grad_sum_squares_(Tensor(a!) sums, Tensor[] params, int[] index) -> ()")
 
 
 def op(name: str):

@@ -249,3 +249,9 @@ def sum_squares_(sums: Tensor, tensors, index) -> None:
     """sums[index[i]] += Σ tensors[i]² (float64 sums, added in tensor order)."""
     for i, t in zip(index, tensors):
         sums[i] += torch.linalg.vector_norm(t, dtype=torch.float64).square()
+
+
+def grad_sum_squares_(sums: Tensor, params, index) -> None:
+    """sums[index[i]] += Σ params[i].grad² for the params that have a grad."""
+    with_grad = [(i, p.grad) for i, p in zip(index, params) if p.grad is not None]
+    sum_squares_(sums, [g for _, g in with_grad], [i for i, _ in with_grad])

@@ -4,14 +4,17 @@ robust to real training loops)."""
 from __future__ import annotations
 
 import functools
+import math
 import warnings
+import weakref
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .norm import sum_squares_
+from . import _build, _ops
+from .norm import grad_sum_squares_, sum_squares_
 
 _SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
 
@@ -53,6 +56,8 @@ class AdaScale(torch.optim.Optimizer):
     * Frozen params and params without grads are fine. Each micro-batch grad's ‖g‖² is added in
       its hook by the ``sum_squares_`` kernel (no grad is kept: autograd still moves the first
       micro-batch's grads into ``.grad`` without a copy); ``.grad``'s sums take one kernel call.
+      The hooks are C++ where the kernels build (no Python call per param and backward pass);
+      a backward pass is counted at its first hook, by autograd graph task.
       The local sums live on the params' device, so NCCL can all-reduce them.
     * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
       including a window in progress, the scale, smoothing, accumulation count and τ.
@@ -91,11 +96,11 @@ class AdaScale(torch.optim.Optimizer):
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
-        self._in_backward = False  # a hook fired and the end-of-backward callback is queued
-        self._backwards = 0  # backward passes of the current window
+        self._counts = torch.tensor([0, -1])  # [backward passes of the window, graph task id of the last]
         self._local = self._zeros()
-        self._avg: dict[str, Tensor] = {_SQR: torch.ones(len(self.param_groups), dtype=torch.float64),
-                                        _VAR: torch.zeros(len(self.param_groups), dtype=torch.float64)}
+        # The averages (and their accumulators), one float per group (tensors in the state dict).
+        self._avg: dict[str, list[float]] = {_SQR: [1.0] * len(self.param_groups),
+                                             _VAR: [0.0] * len(self.param_groups)}
         self.scale_invariant_steps = 0.0
         self.set_num_gradients_to_accumulate(num_gradients_to_accumulate, update_smoothing=True)
         if smoothing is not None:
@@ -112,10 +117,13 @@ class AdaScale(torch.optim.Optimizer):
 
     # ---- hooks: per-micro-batch local norms --------------------------------------------------
     def _hook(self) -> None:
-        for gi, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._hooks.append(p.register_hook(functools.partial(self._on_grad, gi)))
+        hooked = [(gi, p) for gi, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
+        params, index = [p for _, p in hooked], [gi for gi, _ in hooked]
+        if _native_hooks_work(params):
+            positions = _ops.op("grad_norm_hooks")(params, index, self._local, self._counts)
+            self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
+        else:
+            self._hooks = [p.register_hook(functools.partial(self._on_grad, gi)) for gi, p in hooked]
 
     def unhook(self) -> None:
         """Remove the gradient hooks (AdaScale then sees no backward pass)."""
@@ -124,18 +132,22 @@ class AdaScale(torch.optim.Optimizer):
         self._hooks = []
 
     def _on_grad(self, gi: int, grad: Tensor) -> None:
-        """Add ‖grad‖² to the group's sum while the micro-batch grad is in cache. (Keeping the
-        grads for one batched call at the end of the backward costs more: autograd then copies
-        the first micro-batch's grads instead of moving them into ``.grad``, and the allocator
-        cannot reuse their memory.)"""
+        """The Python twin of the C++ hooks (``csrc/cpu/grad_hooks.cpp``), for devices or builds
+        without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
+        in another autograd graph task than the last one counted starts a new backward pass.
+        (Keeping the grads for one batched call at the end of the backward costs more: autograd
+        then copies the first micro-batch's grads instead of moving them into ``.grad``, and the
+        allocator cannot reuse their memory.)"""
         sum_squares_(self._local, [grad], [gi])
-        if not self._in_backward:
-            self._in_backward = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        task = torch._C._current_graph_task_id()
+        if int(self._counts[1]) != task:
+            self._counts[1] = task
+            self._counts[0] += 1
 
-    def _end_of_backward(self) -> None:
-        self._in_backward = False
-        self._backwards += 1
+    @property
+    def _backwards(self) -> int:
+        """Backward passes of the current window."""
+        return int(self._counts[0])
 
     # ---- the gain ------------------------------------------------------------------------------
     @property
@@ -149,7 +161,7 @@ class AdaScale(torch.optim.Optimizer):
     def gain(self, pg_idx: int | None = None, scale: float | None = None) -> float:
         """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups."""
         var, sqr = self._avg[_VAR], self._avg[_SQR]
-        var, sqr = (float(var.sum()), float(sqr.sum())) if pg_idx is None else (float(var[pg_idx]), float(sqr[pg_idx]))
+        var, sqr = (sum(var), sum(sqr)) if pg_idx is None else (var[pg_idx], sqr[pg_idx])
         s = self._scale if scale is None else scale
         return (var + sqr) / (var / s + sqr)
 
@@ -161,7 +173,7 @@ class AdaScale(torch.optim.Optimizer):
         if update_estimate:
             for name in (_VAR, _VAR + "_biased", _VAR + "_total"):
                 if name in self._avg:
-                    self._avg[name] *= self._scale / scale
+                    self._avg[name] = [v * (self._scale / scale) for v in self._avg[name]]
         self._scale = float(scale)
 
     @property
@@ -187,7 +199,7 @@ class AdaScale(torch.optim.Optimizer):
         self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
 
     def _outside_window(self, what: str) -> None:
-        if self._backwards or self._in_backward:
+        if self._backwards:
             raise RuntimeError(
                 f"AdaScale.{what} was called inside an accumulation window ({self._backwards} backward passes "
                 "since the last step); call it right after step()"
@@ -243,7 +255,7 @@ class AdaScale(torch.optim.Optimizer):
 
     def _reset_window(self) -> None:
         self._local.zero_()
-        self._backwards = 0
+        self._counts[0] = 0
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         inner = self._optimizer
@@ -265,23 +277,25 @@ class AdaScale(torch.optim.Optimizer):
         local = self._local.clone()
         if self._world_size > 1:
             dist.all_reduce(local)
-        grads = [(gi, p.grad) for gi, g in enumerate(self.param_groups) for p in g["params"] if p.grad is not None]
+        params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
         total = self._zeros()
-        sum_squares_(total, [g for _, g in grads], [gi for gi, _ in grads])
-        local, total = local.cpu() / micro_scale**2, total.cpu() / grad_scale**2
+        grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
+        # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
+        local = [x / micro_scale**2 for x in local.tolist()]
+        total = [x / grad_scale**2 for x in total.tolist()]
         if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
             if self._is_scaled_loss:
-                local *= self._accum**2
-                total *= (self._accum / c) ** 2
+                local = [x * self._accum**2 for x in local]
+                total = [x * (self._accum / c) ** 2 for x in total]
             else:
-                total /= c**2
+                total = [x / c**2 for x in total]
         cn = self._world_size * c
         if cn <= 1:
             return
-        var = local * (scale / cn) / (cn - 1) - total * scale / (cn - 1)
-        sqr = total - var / scale
-        var, sqr = var.clamp(min=1e-6), sqr.clamp(min=0.0)
-        if not (torch.isfinite(var).all() and torch.isfinite(sqr).all()):
+        var = [lo * (scale / cn) / (cn - 1) - to * scale / (cn - 1) for lo, to in zip(local, total)]
+        sqr = [max(to - v / scale, 0.0) for to, v in zip(total, var)]  # (max keeps a NaN: it is tested next)
+        var = [max(v, 1e-6) for v in var]
+        if not all(math.isfinite(x) for x in var + sqr):
             return
         self._update_avg(_SQR, sqr)
         self._update_avg(_VAR, var)
@@ -291,22 +305,22 @@ class AdaScale(torch.optim.Optimizer):
         device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
         return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
 
-    def _update_avg(self, name: str, value: Tensor) -> None:
-        beta = self._smoothing
+    def _update_avg(self, name: str, value: list[float]) -> None:
+        beta, avg, zeros = self._smoothing, self._avg, [0.0] * len(value)
         if self._debias_ewma:
-            biased = beta * self._avg.get(name + "_biased", torch.zeros_like(value)) + (1 - beta) * value
-            unbias = beta * self._avg.get(name + "_unbias", torch.zeros_like(value)) + (1 - beta)
-            self._avg[name + "_biased"], self._avg[name + "_unbias"] = biased, unbias
-            self._avg[name] = biased / unbias
+            biased = [beta * b + (1 - beta) * v for b, v in zip(avg.get(name + "_biased", zeros), value)]
+            unbias = [beta * u + (1 - beta) for u in avg.get(name + "_unbias", zeros)]
+            avg[name + "_biased"], avg[name + "_unbias"] = biased, unbias
+            avg[name] = [b / u for b, u in zip(biased, unbias)]
             return
-        count = self._avg.get(name + "_count", torch.zeros(1, dtype=torch.float64)) + 1
-        self._avg[name + "_count"] = count
-        if float(count) < 1 / (1 - beta):
-            total = self._avg.get(name + "_total", torch.zeros_like(value)) + value
-            self._avg[name + "_total"] = total
-            self._avg[name] = total / count
+        count = avg.get(name + "_count", [0.0])[0] + 1
+        avg[name + "_count"] = [count]
+        if count < 1 / (1 - beta):
+            total = [t + v for t, v in zip(avg.get(name + "_total", zeros), value)]
+            avg[name + "_total"] = total
+            avg[name] = [t / count for t in total]
         else:
-            self._avg[name] = beta * self._avg[name] + (1 - beta) * value
+            avg[name] = [beta * a + (1 - beta) * v for a, v in zip(avg[name], value)]
 
     # ---- optimizer API ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -324,7 +338,7 @@ class AdaScale(torch.optim.Optimizer):
         for name, value in self._avg.items():
             if not name.endswith("_count"):
                 fill = 1.0 if name == _SQR else 0.0
-                self._avg[name] = torch.cat([value, torch.full((1,), fill, dtype=torch.float64)])
+                self._avg[name] = [*value, fill]
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -349,7 +363,7 @@ class AdaScale(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only."""
         return {**self._optimizer.state_dict(), "adascale": {
-            **{name: value.clone() for name, value in self._avg.items()},
+            **{name: torch.tensor(value, dtype=torch.float64) for name, value in self._avg.items()},
             "local": self._local.clone(), "backwards": self._backwards, "scale": self._scale,
             "smoothing": self._smoothing, "num_gradients_to_accumulate": self._accum,
             "scale_invariant_steps": self.scale_invariant_steps,
@@ -368,13 +382,13 @@ class AdaScale(torch.optim.Optimizer):
             return
         saved = dict(state_dict.pop("adascale"))
         self._optimizer.load_state_dict(state_dict)
-        self._local = saved.pop("local").to(self._local.device, copy=True)
-        self._backwards = int(saved.pop("backwards"))
+        self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
+        self._counts[0] = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
         self._accum = int(saved.pop("num_gradients_to_accumulate"))
         self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
-        self._avg = {name: value.clone() for name, value in saved.items()}
+        self._avg = {name: value.tolist() for name, value in saved.items()}
 
     def __getattr__(self, name: str) -> Any:
         """Anything else comes from the wrapped optimizer."""
@@ -390,3 +404,23 @@ def _positive_int(name: str, value: int) -> int:
     if not (isinstance(value, int) and value >= 1):
         raise ValueError(f"Invalid {name}: {value!r} (an int >= 1)")
     return value
+
+
+class _NativeHook:
+    """The handle of one C++ gradient hook (``grad_norm_hooks``); holds its param weakly, like a
+    ``RemovableHandle``."""
+
+    def __init__(self, param: Tensor, position: int):
+        self._param, self._position = weakref.ref(param), position
+
+    def remove(self) -> None:
+        param = self._param()
+        if param is not None:
+            _ops.op("remove_grad_hooks")([param], [self._position])
+
+
+def _native_hooks_work(params: list[Tensor]) -> bool:
+    """Whether the C++ hooks serve ``params``: all on one CPU or CUDA device whose kernels build."""
+    devices = {p.device for p in params}
+    return len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda") and _build.is_available(
+        next(iter(devices)).type)

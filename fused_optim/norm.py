@@ -1,5 +1,6 @@
 """The multi-tensor norm kernels: ``multi_tensor_l2norm`` (per-tensor and global L2 norms of a tensor
-list in one pass) and ``sum_squares_`` (per-group sums of squares, for AdaScale)."""
+list in one pass), ``sum_squares_`` (per-group sums of squares, for AdaScale) and
+``grad_sum_squares_`` (the same of the params' ``.grad``)."""
 
 from __future__ import annotations
 
@@ -58,6 +59,13 @@ def sum_squares_(sums: Tensor, tensors: list[Tensor], index: list[int], *, fused
     ``fused`` as there.
     """
     _kernel_or_reference("sum_squares_", "sum_squares_", _reference.sum_squares_, fused, tensors, sums, tensors, index)
+
+
+def grad_sum_squares_(sums: Tensor, params: list[Tensor], index: list[int], *, fused: bool | None = None) -> None:
+    r"""``sums[index[i]] += Σ params[i].grad²`` for the params that have a grad, as
+    :func:`sum_squares_` (the kernel reads the grads on the C++ side). ``fused`` as there."""
+    _kernel_or_reference("grad_sum_squares_", "grad_sum_squares_", _reference.grad_sum_squares_, fused, params, sums,
+                         params, index)
 
 
 def _kernel_or_reference(name: str, op: str, reference, fused: bool | None, tensors: list[Tensor], *args):

@@ -308,3 +308,28 @@ def test_unhook_removes_the_hooks():
     opt.unhook()
     backward_window(model, 0, 2)
     assert opt.state_dict()["adascale"]["backwards"] == 0
+
+
+def test_cpp_hooks_equal_the_python_hooks(monkeypatch):
+    """The C++ hooks (where the kernels build) and their Python twin (other devices, failed
+    builds) take the same statistics and count the same backward passes, short windows and
+    closures included."""
+
+    def run():
+        model, groups = model_and_groups(two_groups=True)
+        opt = ours(sgd(groups), accum=3)
+        for step in range(4):
+            backward_window(model, step, 3, passes=2 if step == 2 else 3)  # a short window
+            opt.step(lambda: None)
+            opt.zero_grad()
+        backward_window(model, 4, 3, passes=2)  # a window in progress
+        return type(opt._hooks[0]).__name__, opt.state_dict()["adascale"], params_of(model)
+
+    native = run()
+    monkeypatch.setattr(fused_optim.adascale, "_native_hooks_work", lambda params: False)
+    python = run()
+    assert (native[0], python[0]) == ("_NativeHook", "RemovableHandle")
+    assert native[1]["backwards"] == python[1]["backwards"] == 2
+    assert all(torch.equal(native[1][k], python[1][k]) if isinstance(native[1][k], torch.Tensor)
+               else native[1][k] == python[1][k] for k in native[1])
+    assert all(torch.equal(p, q) for p, q in zip(native[2], python[2]))

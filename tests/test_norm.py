@@ -107,3 +107,17 @@ def test_sum_squares_opcheck():
     sums = torch.zeros(3, dtype=torch.float64)
     torch.library.opcheck(torch.ops.fused_optim.sum_squares_.default,
                           (sums, [torch.randn(5), torch.randn(4097).bfloat16()], [2, 0]))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+def test_grad_sum_squares_adds_the_grads_of_the_params_that_have_one(fused):
+    params = [torch.zeros_like(t).requires_grad_() for t in tensors()]
+    for p, t in zip(params, tensors()):
+        p.grad = t
+    params[3].grad = None
+    index = [2, 0, 2, 1, 0, 2]
+    sums = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    fused_optim.norm.grad_sum_squares_(sums, params, index, fused=fused)
+    want = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    fused_optim.sum_squares_(want, [t for i, t in enumerate(tensors()) if i != 3], [2, 0, 2, 0, 2], fused=fused)
+    assert torch.equal(sums, want)

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace fused_optim {
 
@@ -18,6 +19,12 @@ using Flags = c10::List<bool>;
 // bucket.cpp: tensor lists kept on the C++ side between steps.
 int64_t bucket_new(at::TensorList tensors, c10::IntArrayRef lengths);
 void bucket_free(int64_t bucket);
+
+// grad_norms.cpp: AdaScale's gradient norms (micro-batch hooks, sums of the params' .grad).
+std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums,
+                                     const at::Tensor& counts);
+void remove_grad_hooks(at::TensorList params, c10::IntArrayRef positions);
+void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntArrayRef index);
 
 // norm.cpp
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors);

@@ -1,6 +1,7 @@
 // Registration of every CPU implementation (declared in ops.h) for the schemas of
-// fused_optim/_ops.py: the update ops and the norm for the CPU key; the bucket twins and the
-// bucket registry for CompositeExplicitAutograd, because a twin may take no tensor argument at all.
+// fused_optim/_ops.py: the update ops and the norm for the CPU key; the bucket twins, the
+// bucket registry and AdaScale's gradient norms for CompositeExplicitAutograd, because a twin may
+// take no tensor argument at all, and the norms call sum_squares_ for their tensors' device.
 #include "ops.h"
 
 #include <torch/library.h>
@@ -23,6 +24,9 @@ TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("bucket_new", &bucket_new);
   m.impl("bucket_free", &bucket_free);
+  m.impl("grad_norm_hooks", &grad_norm_hooks);
+  m.impl("remove_grad_hooks", &remove_grad_hooks);
+  m.impl("grad_sum_squares_", &grad_sum_squares_);
   m.impl("sgd_bucket", &sgd_bucket);
   m.impl("sign_sgd_bucket", &sign_sgd_bucket);
   m.impl("lars_bucket", &lars_bucket);

@@ -1,0 +1,98 @@
+// AdaScale's gradient norms, in C++ (no Python, no GIL per parameter and backward pass), for params
+// on any device with a fused_optim::sum_squares_ kernel (called through the dispatcher):
+//   grad_norm_hooks(params, index, sums, counts) registers on params[i] a hook that, for each
+//   micro-batch gradient g of it, does  sums[index[i]] += Σ g²  and counts the backward passes it
+//   sees: counts = [backward passes, autograd graph task id of the last one]; a hook running in a
+//   graph task other than the last one counted starts a new backward pass. Returns each hook's
+//   position; remove_grad_hooks(params, positions) removes them again.
+//   grad_sum_squares_(sums, params, index):  sums[index[i]] += Σ params[i].grad²  for the params
+//   that have a grad (read here: Python would wrap each .grad in a new object, ~1 µs a param).
+#include "ops.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/macros/Export.h>
+
+#include <array>
+#include <mutex>
+
+namespace torch::autograd {
+// From torch/csrc/autograd/graph_task.h (declared here: that header pulls in most of autograd).
+// The id of the graph task (one backward() call) running on this thread, -1 outside one.
+TORCH_API int get_current_graph_task_id();
+}  // namespace torch::autograd
+
+namespace fused_optim {
+namespace {
+
+// Backward passes on several devices run hooks on several engine threads.
+std::mutex hooks_mutex;
+
+void sum_squares(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRef index) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fused_optim::sum_squares_", "")
+                             .typed<void(const at::Tensor&, at::TensorList, c10::IntArrayRef)>();
+  op.call(sums, tensors, index);
+}
+
+void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t index, const at::Tensor& grad) {
+  const std::array<at::Tensor, 1> grads{grad};
+  std::lock_guard<std::mutex> lock(hooks_mutex);
+  sum_squares(sums, grads, c10::IntArrayRef(&index, 1));
+  int64_t* count = counts.mutable_data_ptr<int64_t>();
+  const int64_t task = torch::autograd::get_current_graph_task_id();
+  if (count[1] != task) {
+    count[1] = task;
+    count[0] += 1;
+  }
+}
+
+void check_index(const char* op, at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums) {
+  TORCH_CHECK(index.size() == params.size(), op, ": index has ", index.size(), " entries for ", params.size(),
+              " params; give one index per param");
+  for (size_t i = 0; i < index.size(); ++i) {
+    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
+                " is out of range for sums of size ", sums.numel());
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums,
+                                     const at::Tensor& counts) {
+  const char* op = "fused_optim::grad_norm_hooks";
+  check_index(op, params, index, sums);
+  TORCH_CHECK(counts.device().is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 2 &&
+                  counts.is_contiguous(),
+              op, ": counts must be a contiguous int64 CPU tensor of 2 elements");
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].requires_grad(), op, ": params[", i, "] does not require grad; hook only those that do");
+  }
+  std::vector<int64_t> positions;
+  positions.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    positions.push_back(params[i].register_hook(
+        [sums, counts, group = index[i]](const at::Tensor& grad) { add_grad_squares(sums, counts, group, grad); }));
+  }
+  return positions;
+}
+
+void remove_grad_hooks(at::TensorList params, c10::IntArrayRef positions) {
+  TORCH_CHECK(positions.size() == params.size(), "fused_optim::remove_grad_hooks: ", positions.size(),
+              " positions for ", params.size(), " params");
+  for (size_t i = 0; i < params.size(); ++i) params[i].remove_hook(static_cast<unsigned>(positions[i]));
+}
+
+void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntArrayRef index) {
+  check_index("fused_optim::grad_sum_squares_", params, index, sums);
+  std::vector<at::Tensor> grads;
+  std::vector<int64_t> grad_index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].grad().defined()) {
+      grads.push_back(params[i].grad());
+      grad_index.push_back(index[i]);
+    }
+  }
+  if (!grads.empty()) sum_squares(sums, grads, grad_index);
+}
+
+}  // namespace fused_optim
