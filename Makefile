@@ -12,17 +12,18 @@ DEMO_ARGS ?=
 $(PY):
 	python3 -m venv $(VENV)
 
+# timm: the bench peers (Lamb, Lars); fairscale: AdaScale's numerical reference in the tests;
+# --no-deps: never torchvision or another torch.
 install: $(PY)
-	$(PIP) torch==2.13.0
-	$(PIP) "setuptools>=64" wheel
+	$(PIP) torch==2.13.0 "setuptools>=64" wheel
 	$(PIP) --no-build-isolation ".[all]"
-	$(PIP) --no-deps "timm==1.0.31"  # bench peers (Lamb, Lars); no-deps: never torchvision or another torch
-	$(PIP) --no-deps "fairscale==0.4.13"  # AdaScale's numerical reference in the tests; no-deps: keeps torch
+	$(PIP) --no-deps "timm==1.0.31" "fairscale==0.4.13"
 
-# pytest from the venv's bin (not `python -m pytest`) so tests import the installed package.
+# pytest from the venv's bin (not `python -m pytest`) so tests import the installed package; the
+# slowest tests are listed (the suite must stay under 10 minutes on a 2-core machine).
 test: install
 	$(VENV)/bin/fused-optim build
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 # `make demo DEMO_ARGS="--quick --framework mmengine"` passes options to `fused-optim demo`.
 # The build first (a reinstall rewrites the sources, so the kernels are rebuilt once): the demo's

@@ -51,9 +51,10 @@ def cpu_sources() -> list[str]:
 # The CUDA kernels (csrc/cuda/*.cu) need only CUDA headers, so they compile without a GPU and
 # without torch: the compile check builds them for every architecture we target, warnings as
 # errors, with the language level and half/bfloat16 macros cpp_extension's JIT build uses. The JIT
-# build adds only -O3 (cpp_extension picks the architectures).
+# build adds only -O3 (cpp_extension picks the architectures). `--threads 0`: one thread per core
+# for the architectures' compilations.
 CUDA_ARCHS = ("80", "90")
-NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra",
+NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra", "--threads", "0",
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
 CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 

@@ -65,11 +65,27 @@ def assert_rel_close(actual, expected, rtol, what=""):
 
 
 def assert_state_close(ours, theirs, rtol, label=""):
-    """Params and every state tensor, param by param, with torch's state names."""
+    """Params and every state tensor, param by param, with torch's state names; each pair as
+    :func:`assert_rel_close` (in one batch of tensor ops: this runs every step of every test)."""
+    names, actual, expected = [], [], []
     for i, (p, q) in enumerate(zip(params_of(ours), params_of(theirs))):
-        assert_rel_close(p.detach(), q.detach(), rtol, f"{label} param {i}")
+        names.append(f"param {i}")
+        actual.append(p.detach())
+        expected.append(q.detach())
         s_ours, s_theirs = ours.state.get(p, {}), theirs.state.get(q, {})
         keys = {k for k, v in s_theirs.items() if isinstance(v, torch.Tensor)}
         assert keys == {k for k, v in s_ours.items() if isinstance(v, torch.Tensor)}, f"{label} state keys of param {i}"
-        for k in keys:
-            assert_rel_close(s_ours[k], s_theirs[k], rtol, f"{label} state {k} of param {i}")
+        for k in sorted(keys):
+            names.append(f"state {k} of param {i}")
+            actual.append(s_ours[k])
+            expected.append(s_theirs[k])
+    lengths = torch.tensor([e.numel() for e in expected])
+    assert [a.numel() for a in actual] == lengths.tolist(), f"{label}: state sizes differ"
+    a, e = (torch.cat([t.reshape(-1) for t in ts]).double() for ts in (actual, expected))
+    # per tensor: max|a − e| and max|e| (-inf for an empty tensor: no error, scale 1)
+    err = torch.segment_reduce((a - e).abs(), "max", lengths=lengths, unsafe=True)
+    scale = torch.segment_reduce(e.abs(), "max", lengths=lengths, unsafe=True).clamp(min=1.0)
+    bad = (~(err <= rtol * scale)).nonzero().flatten().tolist()
+    if bad:
+        i = bad[0]
+        raise AssertionError(f"{label} {names[i]}: max abs error {err[i]:.3e} > {rtol:.1e} * {scale[i]:.3e}")
