@@ -1,7 +1,8 @@
 // AdaScale's gradient norms, in C++ (no Python, no GIL per parameter and backward pass), for params
 // on any device with a fused_optim::sum_squares_ kernel (called through the dispatcher):
 //   grad_norm_hooks(params, index, sums, counts) registers on params[i] a hook that, for each
-//   micro-batch gradient g of it, does  sums[index[i]] += Σ g²  and counts the backward passes it
+//   micro-batch gradient g of it, does  sums[index[i]] += Σ g²  (as sum_squares_ would; CPU grads
+//   without the dispatcher and its allocations) and counts the backward passes it
 //   sees: counts = [backward passes, autograd graph task id of the last one]; a hook running in a
 //   graph task other than the last one counted starts a new backward pass. Returns each hook's
 //   position; remove_grad_hooks(params, positions) removes them again.
@@ -35,9 +36,13 @@ void sum_squares(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRe
 }
 
 void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t index, const at::Tensor& grad) {
-  const std::array<at::Tensor, 1> grads{grad};
   std::lock_guard<std::mutex> lock(hooks_mutex);
-  sum_squares(sums, grads, c10::IntArrayRef(&index, 1));
+  if (grad.device().is_cpu()) {  // (sums is then on the CPU too: checked at registration)
+    sums.mutable_data_ptr<double>()[index] += squares_cpu(grad, "fused_optim::grad_norm_hooks");
+  } else {
+    const std::array<at::Tensor, 1> grads{grad};
+    sum_squares(sums, grads, c10::IntArrayRef(&index, 1));
+  }
   int64_t* count = counts.mutable_data_ptr<int64_t>();
   const int64_t task = torch::autograd::get_current_graph_task_id();
   if (count[1] != task) {
@@ -64,8 +69,12 @@ std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef ind
   TORCH_CHECK(counts.device().is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 2 &&
                   counts.is_contiguous(),
               op, ": counts must be a contiguous int64 CPU tensor of 2 elements");
+  TORCH_CHECK(sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(), op,
+              ": sums must be a contiguous 1-D float64 tensor");
   for (size_t i = 0; i < params.size(); ++i) {
     TORCH_CHECK(params[i].requires_grad(), op, ": params[", i, "] does not require grad; hook only those that do");
+    TORCH_CHECK(params[i].device() == sums.device(), op, ": params[", i, "] is on ", params[i].device(),
+                " and sums on ", sums.device(), "; give sums the params' device");
   }
   std::vector<int64_t> positions;
   positions.reserve(params.size());

@@ -23,6 +23,7 @@ std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
     const auto& x = tensors[i];
     TORCH_CHECK(x.device().is_cpu(), op, ": tensors[", i, "] is on ", x.device(),
                 "; the CPU kernel needs CPU tensors");
+    TORCH_CHECK(x.layout() == at::kStrided, op, ": tensors[", i, "] is sparse; only dense tensors are supported");
     TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": tensors[", i, "] has dtype ", x.scalar_type(),
                 "; only floating-point tensors are supported");
     inputs.push_back(x.contiguous());
@@ -39,6 +40,15 @@ std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
 }
 
 }  // namespace
+
+double squares_cpu(const at::Tensor& x, const char* op) {
+  if (x.numel() <= kChunk && x.layout() == at::kStrided && x.device().is_cpu() && x.is_contiguous() &&
+      at::isFloatingType(x.scalar_type())) {
+    return FUSED_OPTIM_DISPATCH_FLOATING(x.scalar_type(), "fused_optim norm",
+                                         [&] { return sum_of_squares(cptr<scalar_t>(x), 0, x.numel()); });
+  }
+  return squares_per_tensor(x, op)[0];
+}
 
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
   const auto squares = squares_per_tensor(tensors, "fused_optim::l2norm");

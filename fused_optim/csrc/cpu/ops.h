@@ -29,6 +29,9 @@ void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntAr
 // norm.cpp
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors);
 void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRef index);
+// sum(x^2) of one CPU tensor, the value sum_squares_cpu adds for it; a tensor of one work item is
+// summed without the launcher's allocations (AdaScale's hooks call this once per param and pass).
+double squares_cpu(const at::Tensor& x, const char* op);
 
 // sgd.cpp
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers, const Flags& first_step,
