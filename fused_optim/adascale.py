@@ -132,7 +132,7 @@ class AdaScale(torch.optim.Optimizer):
         self._hooks = []
 
     def _on_grad(self, gi: int, grad: Tensor) -> None:
-        """The Python twin of the C++ hooks (``csrc/cpu/grad_hooks.cpp``), for devices or builds
+        """The Python twin of the C++ hooks (``csrc/cpu/grad_norms.cpp``), for devices or builds
         without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
         in another autograd graph task than the last one counted starts a new backward pass.
         (Keeping the grads for one batched call at the end of the backward costs more: autograd

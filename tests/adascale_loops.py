@@ -18,7 +18,9 @@ def micro_batch(step: int, micro: int):
 
 
 def backward_window(model, step: int, accum: int, passes: int | None = None) -> None:
-    """The window's backward passes (``passes``, default ``accum``) of losses divided by accum."""
+    """The window's backward passes (``passes``, default ``accum``) of losses divided by accum, on
+    the model's device."""
+    device = next(model.parameters()).device
     for m in range(accum if passes is None else passes):
-        x, y = micro_batch(step, m)
+        x, y = (t.to(device) for t in micro_batch(step, m))
         (torch.nn.functional.mse_loss(model(x), y) / accum).backward()

@@ -2,8 +2,8 @@
 reason, and tests/test_cuda_compile.py still compiles the CUDA code): CUDA kernel == reference ==
 CPU kernel for every op, in fp32, bf16 and fp16, on odd sizes, more tensors and chunks than one
 launch holds and misaligned storage offsets; the overflow skip on the device; GradScaler end to
-end; a state_dict moving between CPU and CUDA; a step captured and replayed in a CUDA graph; and a
-param list spanning CPU and CUDA."""
+end; a state_dict moving between CPU and CUDA; a step captured and replayed in a CUDA graph; a param
+list spanning CPU and CUDA; and AdaScale's C++ gradient hooks on CUDA params."""
 
 import copy
 
@@ -262,3 +262,28 @@ def test_a_param_list_spanning_cpu_and_cuda_steps_each_bucket_on_its_device():
     for p, q, d in zip(mixed, alone, devices):
         assert p.device.type == torch.device(d).type and opt_m.state[p]["step"].device == p.device
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_adascale_cpp_hooks_on_cuda_match_the_cpu_run():
+    """AdaScale's C++ hooks on CUDA params (sum_squares_ through the dispatcher, from autograd's
+    device thread) give the CPU run's statistics, gains and params."""
+    from adascale_loops import backward_window, model_and_groups
+
+    def run(device):
+        model, groups = model_and_groups(two_groups=True)
+        model.to(device)
+        opt = fused_optim.AdaScale(torch.optim.SGD(groups, lr=0.1, momentum=0.9), world_size=1,
+                                   num_gradients_to_accumulate=3)
+        for step in range(4):
+            backward_window(model, step, 3, passes=2 if step == 2 else 3)
+            opt.step()
+            opt.zero_grad()
+        return type(opt._hooks[0]).__name__, opt.state_dict()["adascale"], [p.cpu() for p in model.parameters()]
+
+    cpu, cuda = run("cpu"), run(CUDA)
+    assert cuda[0] == "_NativeHook" and cuda[1]["backwards"] == 0
+    for k in ("grad_sqr_avg", "grad_var_avg"):
+        torch.testing.assert_close(cuda[1][k], cpu[1][k], rtol=1e-5, atol=0)
+    assert cuda[1]["scale_invariant_steps"] == pytest.approx(cpu[1]["scale_invariant_steps"], rel=1e-6)
+    for p, q in zip(cuda[2], cpu[2]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
