@@ -11,6 +11,7 @@ The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library
 The CPU extension name carries a CPU-ISA tag and the torch version, so a ``-march=native`` build
 made on one CPU (or for one torch) is never loaded on another; the CUDA one carries the torch and
 CUDA versions (cpp_extension compiles for the visible GPUs' architectures, or TORCH_CUDA_ARCH_LIST).
+Both carry a hash of the sources' location (:func:`tree_tag`).
 
 Environment:
     TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
@@ -72,7 +73,7 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
 
 def cuda_extension_name() -> str:
     version = torch.__version__.split("+")[0].replace(".", "_")
-    return f"fused_optim_cuda_torch{version}_cu{(torch.version.cuda or 'none').replace('.', '_')}"
+    return f"fused_optim_cuda_torch{version}_cu{(torch.version.cuda or 'none').replace('.', '_')}_{tree_tag()}"
 
 
 def translation_units(directory: Path) -> list[str]:
@@ -110,9 +111,16 @@ def isa_tag() -> str:
     return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 
 
+def tree_tag() -> str:
+    """A short hash of where the sources are. Each source tree gets its own build: the translation
+    units name the sources by path, so a repo checkout and an installed copy sharing one build
+    directory would rebuild it (~25 s) every time a process of the other one loads it."""
+    return hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:6]
+
+
 def extension_name() -> str:
     version = torch.__version__.split("+")[0].replace(".", "_")
-    return f"fused_optim_cpu_{isa_tag()}_torch{version}"
+    return f"fused_optim_cpu_{isa_tag()}_torch{version}_{tree_tag()}"
 
 
 def verbose() -> bool:

@@ -1,7 +1,18 @@
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+import fused_optim
 from fused_optim import _build
+
+# Child processes (DDP ranks, the CLI, workers) import the fused_optim under test, not whichever
+# copy their working directory holds (the repo, when the tests run against the installed package):
+# no cwd or script directory on their sys.path (Python >= 3.11), this package's root first on it.
+os.environ["PYTHONSAFEPATH"] = "1"
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(fused_optim.__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 @pytest.fixture(scope="session", autouse=True)

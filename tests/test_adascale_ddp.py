@@ -5,7 +5,6 @@ resumed in a fresh process. The subprocess side is tests/adascale_worker.py."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import socket
 import subprocess
 import sys
@@ -33,15 +32,13 @@ def free_port() -> int:
 
 
 def run_workers(argvs: list[list[str]], logs: Path) -> list[tuple[int, str]]:
-    """Start ``adascale_worker.py *argv`` for every argv at once (the repo root on PYTHONPATH,
-    the rest of the environment inherited); wait at most TIMEOUT for all, killing them all on a
-    timeout. Returns (exit code, output) per worker."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), *filter(None, [env.get("PYTHONPATH")])])
+    """Start ``adascale_worker.py *argv`` for every argv at once (the environment inherited: see
+    conftest.py for their PYTHONPATH); wait at most TIMEOUT for all, killing them all on a timeout.
+    Returns (exit code, output) per worker."""
     procs = []
     for i, argv in enumerate(argvs):
         log = open(logs / f"worker{i}-{time.monotonic_ns()}.log", "w+")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), *argv], env=env, stdout=log,
+        procs.append((subprocess.Popen([sys.executable, str(WORKER), *argv], stdout=log,
                                        stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + TIMEOUT
     try:

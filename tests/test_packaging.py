@@ -32,3 +32,12 @@ def test_installed_package_builds_from_its_own_sources():
 
     assert _build.CSRC == Path(fused_optim.__file__).parent / "csrc"
     assert all(Path(s).is_file() for s in _build.cpu_sources()) and len(_build.cpu_sources()) >= 2
+
+
+def test_each_source_tree_builds_in_its_own_directory(monkeypatch, tmp_path):
+    """A repo checkout and an installed copy never share (and keep rebuilding) one build."""
+    from fused_optim import _build
+
+    names = {_build.extension_name(), _build.cuda_extension_name()}
+    monkeypatch.setattr(_build, "CSRC", tmp_path / "csrc")
+    assert names.isdisjoint({_build.extension_name(), _build.cuda_extension_name()})
