@@ -8,8 +8,10 @@
 //   p <- p - lr[t]*r[t]*u
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
 // order); pass 2 recomputes u from the stored m, v and the untouched p and updates p. So no host
-// sync per tensor and no scratch buffer: the data is read twice, in one two-pass launch
-// (multi_tensor_two_pass) that updates a tensor right after its sums, while it is in the cache.
+// sync per tensor: the data is read twice, in one two-pass launch (multi_tensor_two_pass) that
+// updates a tensor right after its sums, while it is in the cache. An fp32/fp64 tensor of one work
+// item (<= kChunk elements) keeps its u from pass 1 in the thread's scratch (UScratch), and pass 2
+// reads it instead of recomputing a sqrt and a divide per element.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
@@ -18,7 +20,9 @@
 #include "ops.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <tuple>
 
 namespace fused_optim {
 namespace {
@@ -49,6 +53,26 @@ struct LambMath {
     return u;
   }
 };
+
+// u of the last one-item tensor this thread summed, for its update (pass 2), which
+// multi_tensor_two_pass runs next on the same thread: such a tensor is never split between
+// threads. `call` (one per lamb_typed call) and `tensor` say whose u it holds.
+template <typename M>
+struct UScratch {
+  uint64_t call = 0;
+  int64_t tensor = -1;
+  std::vector<M> u = std::vector<M>(kChunk);
+
+  static UScratch& of_thread() {
+    thread_local UScratch scratch;
+    return scratch;
+  }
+};
+
+inline uint64_t next_call() {
+  static std::atomic<uint64_t> calls{0};
+  return ++calls;
+}
 
 // 1/(grad_scale*clip) for the gradient.
 template <typename T>
@@ -97,10 +121,16 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
     });
     return;
   }
+  const uint64_t call = next_call();
   multi_tensor_two_pass<2>(
       numels,
       [&](int64_t t, int64_t begin, int64_t end) {
         const auto math = math_of(t);
+        auto& scratch = UScratch<M>::of_thread();
+        // A one-item tensor comes here whole (begin 0, end numel). fp16/bf16 keep nothing: pass 2
+        // recomputes their u from m and v as stored, rounded (fp16's v underflows), as the reference.
+        M* keep = !at::vec::is_reduced_floating_point_v<T> && numels[t] <= kChunk ? scratch.u.data() : nullptr;
+        if (keep != nullptr) std::tie(scratch.call, scratch.tensor) = std::make_tuple(call, t);
         V p2(0), u2(0);
         for_each_block<T>(
             begin, end,
@@ -109,6 +139,10 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
               const V u = math.update(p, m, v);
               p2 = at::vec::fmadd(p, p, p2);
               u2 = at::vec::fmadd(u, u, u2);
+              if (keep != nullptr) {
+                u.store(keep);
+                keep += V::size();
+              }
             },
             cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
         return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
@@ -120,8 +154,20 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
         neg_lr[t] *= r;
       },
       [&](int64_t t, int64_t begin, int64_t end) {
-        const auto math = math_of(t);
         const V step(static_cast<M>(neg_lr[t]));
+        const auto& scratch = UScratch<M>::of_thread();
+        if (scratch.call == call && scratch.tensor == t) {  // the same blocks as pass 1: same order of u
+          const M* kept = scratch.u.data();
+          for_each_block<T>(
+              begin, end,
+              [&](auto& p) {
+                p = at::vec::fmadd(step, V::loadu(kept), p);
+                kept += V::size();
+              },
+              ptr<T>(params[t]));
+          return;
+        }
+        const auto math = math_of(t);
         for_each_block<T>(
             begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
             ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
