@@ -8,6 +8,7 @@
 //   position; remove_grad_hooks(params, positions) removes them again.
 //   grad_sum_squares_(sums, params, index):  sums[index[i]] += Σ params[i].grad²  for the params
 //   that have a grad (read here: Python would wrap each .grad in a new object, ~1 µs a param).
+#include "../shared/checks.h"
 #include "ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -51,21 +52,12 @@ void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t 
   }
 }
 
-void check_index(const char* op, at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums) {
-  TORCH_CHECK(index.size() == params.size(), op, ": index has ", index.size(), " entries for ", params.size(),
-              " params; give one index per param");
-  for (size_t i = 0; i < index.size(); ++i) {
-    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
-                " is out of range for sums of size ", sums.numel());
-  }
-}
-
 }  // namespace
 
 std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums,
                                      const at::Tensor& counts) {
   const char* op = "fused_optim::grad_norm_hooks";
-  check_index(op, params, index, sums);
+  check_sums_index(op, "param", params.size(), index, sums.numel());
   TORCH_CHECK(counts.device().is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 2 &&
                   counts.is_contiguous(),
               op, ": counts must be a contiguous int64 CPU tensor of 2 elements");
@@ -92,7 +84,7 @@ void remove_grad_hooks(at::TensorList params, c10::IntArrayRef positions) {
 }
 
 void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntArrayRef index) {
-  check_index("fused_optim::grad_sum_squares_", params, index, sums);
+  check_sums_index("fused_optim::grad_sum_squares_", "param", params.size(), index, sums.numel());
   std::vector<at::Tensor> grads;
   std::vector<int64_t> grad_index;
   for (size_t i = 0; i < params.size(); ++i) {

@@ -71,12 +71,7 @@ void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArr
   TORCH_CHECK(sums.device().is_cpu() && sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(),
               op, ": sums must be a contiguous 1-D float64 CPU tensor, got ", sums.scalar_type(), " of shape ",
               sums.sizes(), " on ", sums.device());
-  TORCH_CHECK(index.size() == tensors.size(), op, ": index has ", index.size(), " entries for ", tensors.size(),
-              " tensors; give one index per tensor");
-  for (size_t i = 0; i < index.size(); ++i) {
-    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
-                " is out of range for sums of size ", sums.numel());
-  }
+  check_sums_index(op, "tensor", tensors.size(), index, sums.numel());
   const auto squares = squares_per_tensor(tensors, op);
   double* out = ptr<double>(sums);
   for (size_t i = 0; i < squares.size(); ++i) out[index[i]] += squares[i];

@@ -402,12 +402,7 @@ void sum_squares_cuda(const at::Tensor& sums, at::TensorList tensors, c10::IntAr
   const char* op = "fused_optim::sum_squares_";
   TORCH_CHECK(sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(), op,
               ": sums must be a contiguous 1-D float64 tensor, got ", sums.scalar_type(), " of shape ", sums.sizes());
-  TORCH_CHECK(index.size() == tensors.size(), op, ": index has ", index.size(), " entries for ", tensors.size(),
-              " tensors; give one index per tensor");
-  for (size_t i = 0; i < index.size(); ++i) {
-    TORCH_CHECK(index[i] >= 0 && index[i] < sums.numel(), op, ": index[", i, "] = ", index[i],
-                " is out of range for sums of size ", sums.numel());
-  }
+  check_sums_index(op, "tensor", tensors.size(), index, sums.numel());
   if (tensors.empty()) return;
   const at::Tensor squares = squares_per_tensor(op, tensors).to(sums.device());
   for (size_t begin = 0, end = 0; begin < index.size(); begin = end) {

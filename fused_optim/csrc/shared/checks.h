@@ -11,6 +11,18 @@
 
 namespace fused_optim {
 
+// The index of sum_squares_-like ops: one entry per tensor (`what`: "tensor", "param"), each an
+// element of sums (of `sums_size` elements).
+inline void check_sums_index(const char* op, const char* what, size_t count, c10::IntArrayRef index,
+                             int64_t sums_size) {
+  TORCH_CHECK(index.size() == count, op, ": index has ", index.size(), " entries for ", count, " ", what,
+              "s; give one index per ", what);
+  for (size_t i = 0; i < index.size(); ++i) {
+    TORCH_CHECK(index[i] >= 0 && index[i] < sums_size, op, ": index[", i, "] = ", index[i],
+                " is out of range for sums of size ", sums_size);
+  }
+}
+
 inline void check_same_size(const char* op, const char* what, at::TensorList ref, at::TensorList other) {
   TORCH_CHECK(other.size() == ref.size(), "fused_optim::", op, ": ", what, " has ", other.size(),
               " tensors but params has ", ref.size());
