@@ -82,18 +82,25 @@ class FusedLAMB(_LambBase):
 
     def _prepare_step(self) -> None:
         """The global grad norm over every group (before unscaling: the kernel divides by the
-        scale), passed to the kernels as a tensor. Not needed when one kernel call will hold every
-        grad (one group, its cached plan a single bucket of all params, all with grads): that call
-        takes the norm of its grads itself, in its own parallel region."""
+        scale), passed to the kernels as a tensor. With one group it waits: the group's direct
+        call holds every grad and takes their norm itself, in its own parallel region; the general
+        path, which may split the grads over several calls, gets it from ``_step_direct``."""
         self._grad_norm = None
-        if not any(group["max_grad_norm"] for group in self.param_groups):
-            return
-        if len(self.param_groups) == 1:
-            plan = self._cached_plan(self.param_groups[0])
-            if plan is not None and plan.direct and all(p.grad is not None for p in plan.buckets[0].params):
-                return
+        if len(self.param_groups) > 1 and any(group["max_grad_norm"] for group in self.param_groups):
+            self._grad_norm = self._global_grad_norm()
+
+    def _global_grad_norm(self):
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        self._grad_norm = multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+
+    def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
+        """The base's direct call; when it does not happen and the (one) group clips, the general
+        path gets the global norm: its plan may split the grads over several kernel calls."""
+        if super()._step_direct(group, scalars, amp):
+            return True
+        if group["max_grad_norm"] and scalars["global_grad_norm"] is None:
+            scalars["global_grad_norm"] = self._global_grad_norm()
+        return False
 
     def _scalars(self, group: dict) -> dict:
         beta1, beta2 = group["betas"]

@@ -80,6 +80,37 @@ def test_lamb_clips_with_the_global_norm_of_all_groups(fused):
     torch.testing.assert_close(m, 0.1 * grads[1] * limit / total, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+def test_lamb_one_group_clips_with_the_norm_of_all_its_grads(fused):
+    """One group, whose direct call takes the norm itself: when the general path runs instead
+    (params of two dtypes: two kernel calls; a grad gone missing after the direct plan was cached),
+    each call still divides by the norm of all the group's grads, not of its own."""
+    gen = torch.Generator().manual_seed(5)
+    base = [torch.randn(n, generator=gen, dtype=torch.float64) for n in (7, 300, 40)]
+    grads = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in base]
+
+    def first_moments(dtypes, present):
+        ps = [torch.nn.Parameter(t.to(d)) for t, d in zip(base, dtypes)]
+        opt = fused_optim.FusedLAMB(ps, lr=0.1, max_grad_norm=0.5, fused=fused)
+        for p, g in zip(ps, grads):  # a first step with every grad caches the plan
+            p.grad = g.to(p.dtype)
+        opt.step()
+        moments = [opt.state[p]["exp_avg"].clone() for p in ps]
+        for p, g, keep in zip(ps, grads, present):
+            p.grad = g.to(p.dtype) if keep else None
+        opt.step()
+        return [opt.state[p]["exp_avg"] - 0.9 * m for p, m in zip(ps, moments)], ps
+
+    for dtypes, present in [((torch.float64, torch.float32, torch.float64), (True, True, True)),
+                            ((torch.float64,) * 3, (True, False, True))]:
+        total = torch.linalg.vector_norm(torch.cat([g.to(d).double() for g, d, k in zip(grads, dtypes, present) if k]))
+        added, ps = first_moments(dtypes, present)
+        for a, g, d, keep in zip(added, grads, dtypes, present):
+            if keep:  # m − β1·m_prev = (1 − β1)·g·max_grad_norm/G with G over the present grads
+                torch.testing.assert_close(a.double(), 0.1 * g.to(d).double() * 0.5 / total,
+                                           rtol=1e-5 if torch.float32 in dtypes else 1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("max_grad_norm", [None, 0.0])
 def test_lamb_max_grad_norm_none_or_zero_disables_clipping(max_grad_norm):
     gen = torch.Generator().manual_seed(4)
