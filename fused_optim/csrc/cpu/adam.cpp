@@ -62,11 +62,11 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
   const size_t n = params.size();
   std::vector<int64_t> numels(n);
   std::vector<double> new_step(n), step_size(n), inv_bc2_sqrt(n);
+  BiasCorrections corrections(beta1, beta2, bias_correction);
   for (size_t i = 0; i < n; ++i) {
     numels[i] = params[i].numel();
     new_step[i] = read_step(steps[i]) + 1.0;
-    const double bc1 = bias_correction ? 1.0 - std::pow(beta1, new_step[i]) : 1.0;
-    const double bc2 = bias_correction ? 1.0 - std::pow(beta2, new_step[i]) : 1.0;
+    const auto& [bc1, bc2] = corrections.at(new_step[i]);
     step_size[i] = lr / bc1;
     inv_bc2_sqrt[i] = 1.0 / std::sqrt(bc2);
   }

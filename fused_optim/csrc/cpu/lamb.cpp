@@ -220,9 +220,11 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
   a.decoupled = adam_w_mode;
   a.trust_ratio = use_nvlamb || weight_decay != 0.0;
   a.trust_clip = trust_clip;
+  BiasCorrections corrections(beta1, beta2, bias_correction);
   run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
-    a.c1[t] = bias_correction ? 1.0 / (1.0 - std::pow(beta1, step)) : 1.0;
-    a.c2[t] = bias_correction ? 1.0 / std::sqrt(1.0 - std::pow(beta2, step)) : 1.0;
+    const auto& [bc1, bc2] = corrections.at(step);
+    a.c1[t] = 1.0 / bc1;
+    a.c2[t] = 1.0 / std::sqrt(bc2);
     a.lr[t] = lr;
   });
 }
@@ -244,10 +246,12 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
   a.decoupled = true;
   a.trust_ratio = !adam;
   a.trust_clip = false;
+  BiasCorrections corrections(beta1, beta2, bias_correction);
   run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
+    const auto& [bc1, bc2] = corrections.at(step);
     a.c1[t] = 1.0;
     a.c2[t] = 1.0;
-    a.lr[t] = bias_correction ? lr * std::sqrt(1.0 - std::pow(beta2, step)) / (1.0 - std::pow(beta1, step)) : lr;
+    a.lr[t] = lr * std::sqrt(bc2) / bc1;
   });
 }
 
