@@ -114,6 +114,9 @@ def _train_rank(rank: int, run: Run, setup: Setup, out_dir: Path, title: str, po
                       WORLD_SIZE=str(run.world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.world_size))
     _train(run, setup, out_dir, title)
+    # Both ranks done before either tears gloo down: a rank that destroys its group while the other
+    # still talks to it can make the other abort ("terminate called without an active exception").
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
