@@ -422,5 +422,7 @@ class _NativeHook:
 def _native_hooks_work(params: list[Tensor]) -> bool:
     """Whether the C++ hooks serve ``params``: all on one CPU or CUDA device whose kernels build."""
     devices = {p.device for p in params}
-    return len(devices) == 1 and next(iter(devices)).type in ("cpu", "cuda") and _build.is_available(
-        next(iter(devices)).type)
+    if len(devices) != 1:
+        return False
+    (device,) = devices
+    return device.type in ("cpu", "cuda") and _build.is_available(device.type)

@@ -58,34 +58,36 @@ def params_of(opt) -> list[torch.Tensor]:
 def assert_rel_close(actual, expected, rtol, what=""):
     """max|a − e| ≤ rtol · max(max|e|, 1): relative to the tensor's scale, not element by element
     (an element near zero has no meaningful relative error at float precision)."""
-    actual, expected = actual.double(), expected.double()
-    scale = max(expected.abs().max().item() if expected.numel() else 0.0, 1.0)
-    err = (actual - expected).abs().max().item() if expected.numel() else 0.0
-    assert err <= rtol * scale, f"{what}: max abs error {err:.3e} > {rtol:.1e} * {scale:.3e}"
+    assert_pairs_close([what], [actual], [expected], rtol)
 
 
-def assert_state_close(ours, theirs, rtol, label=""):
-    """Params and every state tensor, param by param, with torch's state names; each pair as
-    :func:`assert_rel_close` (in one batch of tensor ops: this runs every step of every test)."""
-    names, actual, expected = [], [], []
-    for i, (p, q) in enumerate(zip(params_of(ours), params_of(theirs))):
-        names.append(f"param {i}")
-        actual.append(p.detach())
-        expected.append(q.detach())
-        s_ours, s_theirs = ours.state.get(p, {}), theirs.state.get(q, {})
-        keys = {k for k, v in s_theirs.items() if isinstance(v, torch.Tensor)}
-        assert keys == {k for k, v in s_ours.items() if isinstance(v, torch.Tensor)}, f"{label} state keys of param {i}"
-        for k in sorted(keys):
-            names.append(f"state {k} of param {i}")
-            actual.append(s_ours[k])
-            expected.append(s_theirs[k])
+def assert_pairs_close(names, actual, expected, rtol):
+    """:func:`assert_rel_close` for each pair (named by ``names``), in one batch of tensor ops."""
     lengths = torch.tensor([e.numel() for e in expected])
-    assert [a.numel() for a in actual] == lengths.tolist(), f"{label}: state sizes differ"
-    a, e = (torch.cat([t.reshape(-1) for t in ts]).double() for ts in (actual, expected))
+    assert [a.numel() for a in actual] == lengths.tolist(), f"{names}: sizes differ"
+    a, e = (torch.cat([t.detach().reshape(-1) for t in ts]).double() for ts in (actual, expected))
     # per tensor: max|a − e| and max|e| (-inf for an empty tensor: no error, scale 1)
     err = torch.segment_reduce((a - e).abs(), "max", lengths=lengths, unsafe=True)
     scale = torch.segment_reduce(e.abs(), "max", lengths=lengths, unsafe=True).clamp(min=1.0)
     bad = (~(err <= rtol * scale)).nonzero().flatten().tolist()
     if bad:
         i = bad[0]
-        raise AssertionError(f"{label} {names[i]}: max abs error {err[i]:.3e} > {rtol:.1e} * {scale[i]:.3e}")
+        raise AssertionError(f"{names[i]}: max abs error {err[i]:.3e} > {rtol:.1e} * {scale[i]:.3e}")
+
+
+def assert_state_close(ours, theirs, rtol, label=""):
+    """Params and every state tensor, param by param, with torch's state names; each pair as
+    :func:`assert_rel_close` (in one batch: this runs every step of every test)."""
+    names, actual, expected = [], [], []
+    for i, (p, q) in enumerate(zip(params_of(ours), params_of(theirs))):
+        names.append(f"{label} param {i}")
+        actual.append(p.detach())
+        expected.append(q.detach())
+        s_ours, s_theirs = ours.state.get(p, {}), theirs.state.get(q, {})
+        keys = {k for k, v in s_theirs.items() if isinstance(v, torch.Tensor)}
+        assert keys == {k for k, v in s_ours.items() if isinstance(v, torch.Tensor)}, f"{label} state keys of param {i}"
+        for k in sorted(keys):
+            names.append(f"{label} state {k} of param {i}")
+            actual.append(s_ours[k])
+            expected.append(s_theirs[k])
+    assert_pairs_close(names, actual, expected, rtol)
