@@ -37,9 +37,10 @@ THREAD_CASES = STATEFUL_CASES[-1:] + LAYERWISE_CASES
 @pytest.mark.parametrize("case", THREAD_CASES, ids=ids(THREAD_CASES))
 def test_thread_count_does_not_change_a_bit(case):
     """Work items split the same way whatever the thread count, and per-tensor norms are summed in
-    a fixed order: 1 and 2 threads give identical params. The 300_001-element tensor is one that
-    the two-pass launcher gives to all threads at once (more than kWhole elements); the kernels
-    still match the reference on it."""
+    a fixed order: 1 and 2 threads give identical params, which match the reference. With 2
+    threads the tensors take every Placement of the two-pass launcher: 300_001 elements (more than
+    kWhole: all threads at once), 100_003 (split at the threads' part boundary), 50_000 and 7 (held
+    whole by one thread); LAMB hands u from pass 1 to pass 2 in all but the split one."""
     results = []
     for threads, fused in ((1, True), (2, True), (2, False)):
         torch.set_num_threads(threads)

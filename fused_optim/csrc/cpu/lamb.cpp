@@ -9,9 +9,9 @@
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
 // order); pass 2 recomputes u from the stored m, v and the untouched p and updates p. So no host
 // sync per tensor: the data is read twice, in one two-pass launch (multi_tensor_two_pass) that
-// updates a tensor right after its sums, while it is in the cache. An fp32/fp64 tensor of one work
-// item (<= kChunk elements) keeps its u from pass 1 in the thread's scratch (UScratch), and pass 2
-// reads it instead of recomputing a sqrt and a divide per element.
+// updates a tensor right after its sums, while it is in the cache. fp32/fp64 keep u from pass 1
+// in a scratch buffer, and pass 2 reads it instead of recomputing a sqrt and a divide per element
+// (see kept_u).
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
@@ -20,9 +20,8 @@
 #include "ops.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <tuple>
+#include <vector>
 
 namespace fused_optim {
 namespace {
@@ -54,25 +53,44 @@ struct LambMath {
   }
 };
 
-// u of the last one-item tensor this thread summed, for its update (pass 2), which
-// multi_tensor_two_pass runs next on the same thread: such a tensor is never split between
-// threads. `call` (one per lamb_typed call) and `tensor` say whose u it holds.
-template <typename M>
-struct UScratch {
-  uint64_t call = 0;
-  int64_t tensor = -1;
-  std::vector<M> u = std::vector<M>(kChunk);
+// Where pass 1 keeps u for pass 2, element i of a tensor at [i]: the thread's scratch when
+// both passes of the tensor run on that thread (Placement::kThread, <= kWhole elements), the
+// calling thread's when all threads share a tensor of at most kKeepAll elements (kAll, `shared`:
+// grown before the launch), else nowhere (pass 2 recomputes u). A larger tensor does not stay in
+// the cache between the passes, so writing u would add memory traffic; a smaller one made pass 2
+// compute-bound on the sqrt and the divide (~0.18 ms per 1M fp32 elements in L3, a third of
+// pass 1). fp16/bf16 keep nothing: pass 2 recomputes their u from m and v as stored, rounded
+// (fp16's v underflows), as the reference does.
+constexpr int64_t kKeepAll = int64_t{1} << 22;
 
-  static UScratch& of_thread() {
-    thread_local UScratch scratch;
-    return scratch;
+template <typename M>
+M* scratch_of_thread(int64_t numel) {
+  thread_local std::vector<M> scratch;
+  const auto size = static_cast<size_t>(numel + kAlign);  // room for the SIMD tail
+  if (scratch.size() < size) scratch.resize(size);
+  return scratch.data();
+}
+
+template <typename T>
+struct KeptU {
+  using M = opmath_t<T>;
+  const std::vector<int64_t>& numels;
+  M* shared = nullptr;
+
+  explicit KeptU(const std::vector<int64_t>& numels_) : numels(numels_) {
+    if constexpr (!at::vec::is_reduced_floating_point_v<T>) {
+      int64_t largest = 0;
+      for (const int64_t numel : numels) largest = numel <= kKeepAll ? std::max(largest, numel) : largest;
+      if (largest > kWhole) shared = scratch_of_thread<M>(largest);
+    }
+  }
+
+  M* at(int64_t t, Placement where) const {
+    if constexpr (at::vec::is_reduced_floating_point_v<T>) return nullptr;
+    if (where == Placement::kThread) return scratch_of_thread<M>(numels[t]);
+    return where == Placement::kAll && numels[t] <= kKeepAll ? shared : nullptr;
   }
 };
-
-inline uint64_t next_call() {
-  static std::atomic<uint64_t> calls{0};
-  return ++calls;
-}
 
 // 1/(grad_scale*clip) for the gradient.
 template <typename T>
@@ -121,16 +139,13 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
     });
     return;
   }
-  const uint64_t call = next_call();
+  const KeptU<T> kept_u(numels);
   multi_tensor_two_pass<2>(
       numels,
-      [&](int64_t t, int64_t begin, int64_t end) {
+      [&](int64_t t, int64_t begin, int64_t end, Placement where) {
         const auto math = math_of(t);
-        auto& scratch = UScratch<M>::of_thread();
-        // A one-item tensor comes here whole (begin 0, end numel). fp16/bf16 keep nothing: pass 2
-        // recomputes their u from m and v as stored, rounded (fp16's v underflows), as the reference.
-        M* keep = !at::vec::is_reduced_floating_point_v<T> && numels[t] <= kChunk ? scratch.u.data() : nullptr;
-        if (keep != nullptr) std::tie(scratch.call, scratch.tensor) = std::make_tuple(call, t);
+        M* keep = kept_u.at(t, where);
+        if (keep != nullptr) keep += begin;
         V p2(0), u2(0);
         for_each_block<T>(
             begin, end,
@@ -153,11 +168,10 @@ void lamb_typed(at::TensorList params, const std::vector<at::Tensor>& grads, at:
         if (a.trust_clip) r = std::min(r, 1.0);
         neg_lr[t] *= r;
       },
-      [&](int64_t t, int64_t begin, int64_t end) {
+      [&](int64_t t, int64_t begin, int64_t end, Placement where) {
         const V step(static_cast<M>(neg_lr[t]));
-        const auto& scratch = UScratch<M>::of_thread();
-        if (scratch.call == call && scratch.tensor == t) {  // the same blocks as pass 1: same order of u
-          const M* kept = scratch.u.data();
+        if (const M* kept = kept_u.at(t, where); kept != nullptr) {
+          kept += begin;
           for_each_block<T>(
               begin, end,
               [&](auto& p) {

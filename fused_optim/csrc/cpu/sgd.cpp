@@ -113,14 +113,14 @@ void sgd_family_after_norms(at::TensorList params, const std::vector<at::Tensor>
     using T = typename std::decay_t<decltype(update)>::scalar_t;
     multi_tensor_two_pass<2>(
         numels_of(params),
-        [&](int64_t t, int64_t begin, int64_t end) {
+        [&](int64_t t, int64_t begin, int64_t end, Placement) {
           return std::array<double, 2>{sum_of_squares(cptr<T>(params[t]), begin, end),
                                        sum_of_squares(cptr<T>(grads[t]), begin, end)};
         },
         [&](int64_t t, const std::array<double, 2>& sums) {
           set(static_cast<size_t>(t), std::sqrt(sums[0]), std::sqrt(sums[1]));
         },
-        update);
+        [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); });
   });
 }
 
