@@ -92,8 +92,9 @@ LAYERWISE_CASES = _layerwise_cases()
 STATEFUL_AND_LAYERWISE = STATEFUL_CASES + LAYERWISE_CASES
 
 
-# Reduced precision. torch 2.13's fused CPU SGD is wrong in fp16/bf16 (on the 4097-element tensor
-# it differs from torch's own single-tensor SGD by ~0.18 at step 0, with or without momentum), so
+# Reduced precision. torch 2.13's fused CPU SGD is wrong in fp16/bf16: it never writes the params
+# (only the scalar tail past the last full vector: element 4096 of a 4097-element tensor), and its
+# momentum buffers differ from torch's own single-tensor SGD from the second step on. So
 # SGD is compared over one step with torch's single-tensor SGD (which rounds every intermediate to
 # fp16/bf16, hence one step only) and over many steps with our reference; Adam with torch fused.
 SGD_LOW_PRECISION_CASES = [c for c in ALL_CASES if c.id == "sgd-m0.0-d0.0-nest0-wd0.05-max1"] + [

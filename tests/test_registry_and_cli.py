@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import fused_optim
+from fused_optim import benchmark
 from fused_optim.registry import create_optimizer, list_optimizers
 
 
@@ -60,6 +61,31 @@ def test_build_reports_timing():
     assert out.returncode == 0 and "CPU kernels ready in" in out.stdout
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_bench_flags_a_mode_that_skips_part_of_the_step(monkeypatch, opt, dtype):
+    """A variant that leaves the params alone, or undoes its step on half of them, is flagged;
+    ours and torch's foreach mode agree with torch's single-tensor mode."""
+    real = benchmark._variants
+
+    def half_step(ps):
+        step = real(opt)["torch single"](ps)
+
+        def run():
+            before = [p.detach().clone() for p in ps]
+            step()
+            with torch.no_grad():
+                for p, b in zip(ps, before):
+                    p[: p.numel() // 2] = b[: p.numel() // 2]
+
+        return run
+
+    monkeypatch.setattr(benchmark, "_variants",
+                        lambda name: {**real(name), "no step": lambda ps: (lambda: None), "half step": half_step})
+    wrong = benchmark._step_disagreements(opt, dtype)
+    assert wrong >= {"no step", "half step"} and not wrong & {"fused_optim", "torch foreach"}
+
+
 def test_bench_writes_json_and_markdown(tmp_path):
     out = cli("bench", "--quick", "--repeats", "1", "--lists", "1M", "--out", str(tmp_path))
     assert out.returncode == 0, out.stderr
@@ -75,6 +101,8 @@ def test_bench_writes_json_and_markdown(tmp_path):
     assert lamb["time_vs_fused_adam"] > 0
     md = (tmp_path / "bench.md").read_text()
     assert "| sgd | float32 | 200 tensors / 1M | fused_optim |" in md
+    wrong = {(r["optimizer"], r["dtype"], r["variant"]) for r in data["rows"] if r["wrong"]}
+    assert all(v[2].startswith("torch") for v in wrong) and ("⚠ wrong results" in md) == bool(wrong)
     (adascale,) = data["adascale"]
     assert adascale["tensors"] == 200 and adascale["bare_ms"] > 0
     assert adascale["fused_optim.AdaScale"]["ms"] > 0 and "fairscale AdaScale" in adascale  # installed by make
