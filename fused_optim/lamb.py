@@ -46,6 +46,9 @@ class FusedLAMB(_LambBase):
     ``use_nvlamb``; ``trust_clip`` is timm's option). ‖p‖ is taken before the update. Norms and
     trust ratios are computed inside the kernels: no host sync per tensor. Unlike the references
     the grads are never modified. Step counters are per param (torch.optim's ``step`` state).
+    The CPU kernel hands fp32/fp64 ``u`` from its moment pass to its update pass in scratch buffers
+    that live as long as their threads: up to 4M elements (16 MB in fp32) on the calling thread,
+    up to 256K (1 MB) on each worker thread.
 
     Args:
         params: iterable of params or param-group dicts.
