@@ -74,6 +74,27 @@ def test_non_contiguous_param_with_fused_true_raises():
         fused_optim.FusedSGD([ours], lr=0.1, fused=True).step()
 
 
+@pytest.mark.parametrize("cls", [fused_optim.FusedSGD, fused_optim.FusedAdam, fused_optim.FusedLAMB])
+def test_a_non_contiguous_grad_is_read_in_its_logical_order(cls):
+    """The kernels take a contiguous copy of a grad that is a strided view (and borrow the others)."""
+    gen = torch.Generator().manual_seed(3)
+    start = [torch.randn(3, 5, generator=gen), torch.randn(7, generator=gen)]
+    grads = [torch.randn(5, 3, generator=gen).t(), torch.randn(7, generator=gen)]  # the first is transposed
+    assert not grads[0].is_contiguous()
+    results = []
+    for fused in (True, False):
+        ps = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = cls(ps, lr=0.1, fused=fused, **({"momentum": 0.9} if cls is fused_optim.FusedSGD else {}))
+        for _ in range(2):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone() if g.is_contiguous() else g
+            opt.step()
+        assert opt.implementation == ("fused" if fused else "reference")
+        results.append([p.detach() for p in ps])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_grads_of_another_dtype_fall_back_with_a_warning():
     p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
     p.grad_dtype = None  # torch refuses a grad of another dtype unless told to allow it

@@ -35,10 +35,12 @@ DType dtype_of(const char* op, at::ScalarType type) {
   }
 }
 
-std::vector<void*> pointers(at::TensorList tensors) {
+// The data pointers of a TensorList or of ContiguousGrads.
+template <typename Tensors>
+std::vector<void*> pointers(const Tensors& tensors) {
   std::vector<void*> out;
   out.reserve(tensors.size());
-  for (const auto& t : tensors) out.push_back(t.data_ptr());
+  for (size_t i = 0; i < tensors.size(); ++i) out.push_back(tensors[i].data_ptr());
   return out;
 }
 

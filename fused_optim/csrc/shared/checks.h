@@ -5,6 +5,7 @@
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <c10/util/MaybeOwned.h>
 #include <c10/util/Exception.h>
 
 #include <vector>
@@ -43,10 +44,23 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
   }
 }
 
-// Returns the grads as contiguous tensors of the params' dtype layout (copies only if needed).
-inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
+// The grads of one op call, contiguous: the caller's tensors where they already are (borrowed:
+// they outlive the call), contiguous copies where not. A Tensor copy per grad cost ~55 ns.
+class ContiguousGrads {
+ public:
+  void reserve(size_t n) { grads_.reserve(n); }
+  void push_back(const at::Tensor& g) { grads_.push_back(g.expect_contiguous()); }
+  const at::Tensor& operator[](size_t i) const { return *grads_[i]; }
+  size_t size() const { return grads_.size(); }
+
+ private:
+  std::vector<c10::MaybeOwned<at::Tensor>> grads_;
+};
+
+// Checks the grads against their params (dtype, size, device, dense) and returns them contiguous.
+inline ContiguousGrads checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
   check_same_size(op, "grads", params, grads);
-  std::vector<at::Tensor> out;
+  ContiguousGrads out;
   out.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
@@ -57,13 +71,13 @@ inline std::vector<at::Tensor> checked_grads(const char* op, at::TensorList para
                 "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", ", g.numel(),
                 " elements) does not match its param (", params[i].scalar_type(), ", ", params[i].numel(),
                 " elements)");
-    out.push_back(g.contiguous());
+    out.push_back(g);
   }
   return out;
 }
 
 // Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
-inline std::vector<at::Tensor> check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+inline ContiguousGrads check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
                                                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
   check_mutable(op, "params", params, params);
   auto grads = checked_grads(op, params, grads_in);
@@ -73,7 +87,7 @@ inline std::vector<at::Tensor> check_moment_inputs(const char* op, at::TensorLis
 }
 
 // Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
-inline std::vector<at::Tensor> check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+inline ContiguousGrads check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
                                                 at::TensorList momentum_buffers, const c10::List<bool>& first_step,
                                                 double momentum) {
   check_mutable(op, "params", params, params);
