@@ -7,11 +7,10 @@
 //   r[t] <- ||p||/||u|| (1 if a norm is 0; min(r, 1) with trust_clip) when the trust ratio is on
 //   p <- p - lr[t]*r[t]*u
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
-// order); pass 2 recomputes u from the stored m, v and the untouched p and updates p. So no host
-// sync per tensor: the data is read twice, in one two-pass launch (multi_tensor_two_pass) that
-// updates a tensor right after its sums, while it is in the cache. fp32/fp64 keep u from pass 1
-// in a scratch buffer, and pass 2 reads it instead of recomputing a sqrt and a divide per element
-// (see kept_u).
+// order); pass 2 updates p with u as pass 1 kept it in a scratch buffer (fp32/fp64, see KeptU),
+// else recomputed from the stored m, v and the untouched p. So no host sync per tensor: the data
+// is read twice, in one two-pass launch (multi_tensor_two_pass) that updates a tensor right after
+// its sums, while it is in the cache.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
@@ -53,7 +52,7 @@ struct LambMath {
   }
 };
 
-// Where pass 1 keeps u for pass 2, element i of a tensor at [i]: the thread's scratch when
+// KeptU: where pass 1 keeps u for pass 2, element i of a tensor at [i]: the thread's scratch when
 // both passes of the tensor run on that thread (Placement::kThread, <= kWhole elements), the
 // calling thread's when all threads share a tensor of at most kKeepAll elements (kAll, `shared`:
 // grown before the launch), else nowhere (pass 2 recomputes u). A larger tensor does not stay in
