@@ -53,7 +53,7 @@ std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
   for (const auto& p : params) {
-    const at::Tensor& g = p.grad();
+    const at::Tensor& g = p.mutable_grad();  // grad() also checks is_leaf for a warning: ~12 ns more
     if (!g.defined()) return {};
     grads.push_back(g);
   }
