@@ -93,7 +93,7 @@ struct KeptU {
 
 // 1/(grad_scale*clip) for the gradient.
 template <typename T>
-double grad_multiplier(const ContiguousGrads& grads, const std::vector<int64_t>& numels, const Lamb& a) {
+double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t>& numels, const Lamb& a) {
   if (a.max_grad_norm <= 0.0) return a.inv_scale;
   double norm = a.grad_norm.value_or(0.0);
   if (!a.grad_norm) {
@@ -109,7 +109,7 @@ double grad_multiplier(const ContiguousGrads& grads, const std::vector<int64_t>&
 }
 
 template <typename T>
-void lamb_typed(at::TensorList params, const ContiguousGrads& grads, at::TensorList exp_avgs,
+void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::TensorList exp_avgs,
                 at::TensorList exp_avg_sqs, const Lamb& a) {
   using M = opmath_t<T>;
   using V = FVec<T>;

@@ -17,7 +17,7 @@ namespace {
 
 // sum(x^2) of every tensor, in double; `op` names the caller in errors.
 std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
-  std::vector<c10::MaybeOwned<at::Tensor>> inputs;  // borrowed when contiguous: no refcount traffic
+  ContiguousTensors inputs;
   std::vector<int64_t> numels;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& x = tensors[i];
@@ -26,12 +26,12 @@ std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
     TORCH_CHECK(x.layout() == at::kStrided, op, ": tensors[", i, "] is sparse; only dense tensors are supported");
     TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": tensors[", i, "] has dtype ", x.scalar_type(),
                 "; only floating-point tensors are supported");
-    inputs.push_back(x.expect_contiguous());
+    inputs.push_back(x);
     numels.push_back(x.numel());
   }
   const auto sums = multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t]->scalar_type(), "fused_optim norm", [&] {
-      return std::array<double, 1>{sum_of_squares(cptr<scalar_t>(*inputs[t]), begin, end)};
+    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm", [&] {
+      return std::array<double, 1>{sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end)};
     });
   });
   std::vector<double> out(sums.size());

@@ -55,7 +55,7 @@ template <typename T, Direction D>
 struct SgdUpdate {
   using scalar_t = T;
   at::TensorList params;
-  const ContiguousGrads& grads;
+  const ContiguousTensors& grads;
   at::TensorList bufs;
   const c10::List<bool>& first_step;
   const SgdFamily& a;
@@ -86,7 +86,7 @@ struct SgdUpdate {
 
 // f(update) with the SgdUpdate of the params' dtype and the direction.
 template <typename F>
-void with_update(at::TensorList params, const ContiguousGrads& grads, at::TensorList bufs,
+void with_update(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
                  const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
     switch (a.direction) {
@@ -99,14 +99,14 @@ void with_update(at::TensorList params, const ContiguousGrads& grads, at::Tensor
 
 }  // namespace
 
-void sgd_family(at::TensorList params, const ContiguousGrads& grads, at::TensorList bufs,
+void sgd_family(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
                 const c10::List<bool>& first_step, const SgdFamily& args) {
   if (params.empty()) return;
   with_update(params, grads, bufs, first_step, args,
               [&](const auto& update) { multi_tensor_apply(numels_of(params), update); });
 }
 
-void sgd_family_after_norms(at::TensorList params, const ContiguousGrads& grads, at::TensorList bufs,
+void sgd_family_after_norms(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
                             const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set) {
   if (params.empty()) return;
   with_update(params, grads, bufs, first_step, args, [&](const auto& update) {

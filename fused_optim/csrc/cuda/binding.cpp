@@ -35,7 +35,7 @@ DType dtype_of(const char* op, at::ScalarType type) {
   }
 }
 
-// The data pointers of a TensorList or of ContiguousGrads.
+// The data pointers of a TensorList or of ContiguousTensors.
 template <typename Tensors>
 std::vector<void*> pointers(const Tensors& tensors) {
   std::vector<void*> out;

@@ -44,9 +44,10 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
   }
 }
 
-// The grads of one op call, contiguous: the caller's tensors where they already are (borrowed:
-// they outlive the call), contiguous copies where not. A Tensor copy per grad cost ~55 ns.
-class ContiguousGrads {
+// Read-only inputs of one op call (grads, the norm op's tensors), contiguous: the caller's tensors
+// where they already are (borrowed: they outlive the call, and no Tensor handle is copied),
+// contiguous copies where not.
+class ContiguousTensors {
  public:
   void reserve(size_t n) { grads_.reserve(n); }
   void push_back(const at::Tensor& g) { grads_.push_back(g.expect_contiguous()); }
@@ -58,9 +59,9 @@ class ContiguousGrads {
 };
 
 // Checks the grads against their params (dtype, size, device, dense) and returns them contiguous.
-inline ContiguousGrads checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
+inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
   check_same_size(op, "grads", params, grads);
-  ContiguousGrads out;
+  ContiguousTensors out;
   out.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
@@ -77,8 +78,8 @@ inline ContiguousGrads checked_grads(const char* op, at::TensorList params, at::
 }
 
 // Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
-inline ContiguousGrads check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
-                                                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
+inline ContiguousTensors check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+                                             at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
   check_mutable(op, "params", params, params);
   auto grads = checked_grads(op, params, grads_in);
   check_mutable(op, "exp_avgs", params, exp_avgs);
@@ -87,9 +88,9 @@ inline ContiguousGrads check_moment_inputs(const char* op, at::TensorList params
 }
 
 // Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
-inline ContiguousGrads check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
-                                                at::TensorList momentum_buffers, const c10::List<bool>& first_step,
-                                                double momentum) {
+inline ContiguousTensors check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+                                          at::TensorList momentum_buffers, const c10::List<bool>& first_step,
+                                          double momentum) {
   check_mutable(op, "params", params, params);
   auto grads = checked_grads(op, params, grads_in);
   if (momentum != 0.0) {
