@@ -49,13 +49,13 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
 // contiguous copies where not.
 class ContiguousTensors {
  public:
-  void reserve(size_t n) { grads_.reserve(n); }
-  void push_back(const at::Tensor& g) { grads_.push_back(g.expect_contiguous()); }
-  const at::Tensor& operator[](size_t i) const { return *grads_[i]; }
-  size_t size() const { return grads_.size(); }
+  void reserve(size_t n) { tensors_.reserve(n); }
+  void push_back(const at::Tensor& t) { tensors_.push_back(t.expect_contiguous()); }
+  const at::Tensor& operator[](size_t i) const { return *tensors_[i]; }
+  size_t size() const { return tensors_.size(); }
 
  private:
-  std::vector<c10::MaybeOwned<at::Tensor>> grads_;
+  std::vector<c10::MaybeOwned<at::Tensor>> tensors_;
 };
 
 // Checks the grads against their params (dtype, size, device, dense) and returns them contiguous.
