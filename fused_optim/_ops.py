@@ -35,7 +35,9 @@ of the grads it was given (the optimizer passes None when one call holds every g
 AdaScale's per-group sums of squared gradient norms. ``grad_norm_hooks(params, index, sums, counts)``
 registers C++ gradient hooks doing ``sum_squares_(sums, [g], [index[i]])`` for each micro-batch
 grad g of ``params[i]`` and counting backward passes in ``counts`` (int64: [passes, graph task id
-of the last]); it returns the hooks' positions for ``remove_grad_hooks(params, positions)``.
+of the last, window length w, window handle]); at the end of the backward pass that brings the count
+to w (w > 0) they run ``adascale_window_end(counts)``, an op implemented in Python by
+:mod:`fused_optim.adascale`. It returns the hooks' positions for ``remove_grad_hooks(params, positions)``.
 ``grad_sum_squares_(sums, params, index)`` is ``sum_squares_`` of the ``.grad`` of those params that
 have one (read on the C++ side).
 """
@@ -134,6 +136,7 @@ torch.library.register_fake("fused_optim::sum_squares_", _fake, lib=_lib)
 _lib.define("bucket_free(int bucket) -> ()")
 _lib.define("grad_norm_hooks(Tensor[] params, int[] index, Tensor(a!) sums, Tensor(b!) counts) -> int[]")
 _lib.define("remove_grad_hooks(Tensor[] params, int[] positions) -> ()")
+_lib.define("adascale_window_end(Tensor counts) -> ()")
 _lib.define("grad_sum_squares_(Tensor(a!) sums, Tensor[] params, int[] index) -> ()")
 
 

@@ -4,9 +4,11 @@ robust to real training loops)."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -40,16 +42,21 @@ class AdaScale(torch.optim.Optimizer):
 
     Where fairscale breaks in real loops, this one does not:
 
-    * ``step(closure)`` runs the closure first (it may hold the window's last backward), then
-      finalises the window from the backward passes actually seen: a short last window of an
-      epoch (c' < c) uses c' in the formulas (and S·c'/c as its scale); a window with N·c' = 1
-      cannot estimate a variance and keeps the averages.
+    * The window's statistics are taken at the end of the backward pass that completes it (the
+      c-th; after DDP's gradient all-reduce, with AdaScale's one all-reduce, which every rank
+      reaches there), so ``gain()`` read between that backward and ``step()`` is the gain
+      ``step()`` applies (fairscale's documented ``loss.backward(); tau += opt.gain();
+      opt.step()``). ``step(closure)`` runs the closure first (it may hold the window's last
+      backward); a window that ended short of c backward passes (the last of an epoch, c' < c)
+      is taken there instead, with c' in the formulas (and S·c'/c as its scale); a window with
+      N·c' = 1 cannot estimate a variance and keeps the averages.
     * Under ``torch.amp.GradScaler`` (``_step_supports_amp_scaling``: the scaler hands over
       ``grad_scale`` / ``found_inf``) both sums are divided by the scale², the inner optimizer
       gets the grads unscaled (inside its kernel for fused_optim optimizers), and an overflow
       window changes nothing: no statistics, no step, no τ. Non-finite statistics are skipped.
-      A loop that calls ``scaler.unscale_(opt)`` before ``scaler.step`` (to clip) passes
-      ``grad_scaler=scaler``: the micro-batch norms were taken scaled. A caller that divides
+      A loop that calls ``scaler.unscale_(opt)`` before ``scaler.step`` (to clip), or reads
+      ``gain()`` before ``step()``, passes ``grad_scaler=scaler``: the norms were taken scaled,
+      and before ``step()`` only the scaler knows the scale. A caller that divides
       the grads by more than the loss scale (a clip coefficient folded into ``grad_scale``, as
       :mod:`mmengine_optim` does) sets ``loss_scale`` next to ``grad_scale`` / ``found_inf``.
     * ``zero_grad()`` starts a new window: a window abandoned without ``step()`` leaves nothing.
@@ -96,8 +103,15 @@ class AdaScale(torch.optim.Optimizer):
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
-        self._counts = torch.tensor([0, -1])  # [backward passes of the window, graph task id of the last]
+        # [backward passes of the window, graph task id of the last, passes that end the window,
+        #  this AdaScale's handle]: the C++ hooks count in it and end the window (see _hook).
+        self._counts = torch.tensor([0, -1, 0, next(_handles)])
+        _WINDOW_OWNERS[int(self._counts[3])] = self
         self._local = self._zeros()
+        # The ended window's sums, before the loss scales are known: see _end_window.
+        self._pending: _Window | None = None
+        self._last_loss_scale: float | None = None  # the loss scale of the last AMP step
+        self._warned_stale_scale = False
         # The averages (and their accumulators), one float per group (tensors in the state dict).
         self._avg: dict[str, list[float]] = {_SQR: [1.0] * len(self.param_groups),
                                              _VAR: [0.0] * len(self.param_groups)}
@@ -134,7 +148,8 @@ class AdaScale(torch.optim.Optimizer):
     def _on_grad(self, gi: int, grad: Tensor) -> None:
         """The Python twin of the C++ hooks (``csrc/cpu/grad_norms.cpp``), for devices or builds
         without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
-        in another autograd graph task than the last one counted starts a new backward pass.
+        in another autograd graph task than the last one counted starts a new backward pass; the
+        pass that completes the window ends it when it finishes (see ``_queue_window_end``).
         (Keeping the grads for one batched call at the end of the backward costs more: autograd
         then copies the first micro-batch's grads instead of moving them into ``.grad``, and the
         allocator cannot reuse their memory.)"""
@@ -143,6 +158,8 @@ class AdaScale(torch.optim.Optimizer):
         if int(self._counts[1]) != task:
             self._counts[1] = task
             self._counts[0] += 1
+            if int(self._counts[0]) == int(self._counts[2]):
+                _queue_window_end(self._counts)
 
     @property
     def _backwards(self) -> int:
@@ -159,11 +176,37 @@ class AdaScale(torch.optim.Optimizer):
         return self._smoothing
 
     def gain(self, pg_idx: int | None = None, scale: float | None = None) -> float:
-        """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups."""
-        var, sqr = self._avg[_VAR], self._avg[_SQR]
+        """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups.
+
+        Between the backward pass that completes a window and ``step()``, this is the gain that
+        ``step()`` applies: the window's statistics are already in the averages it reads."""
+        avg = self._avg
+        if self._pending is not None:
+            avg = self._averaged(self._pending, *self._preview_loss_scales())
+            if scale is None:
+                scale = self._pending.scale
+        var, sqr = avg[_VAR], avg[_SQR]
         var, sqr = (sum(var), sum(sqr)) if pg_idx is None else (var[pg_idx], sqr[pg_idx])
         s = self._scale if scale is None else scale
         return (var + sqr) / (var / s + sqr)
+
+    def _preview_loss_scales(self) -> tuple[float, float]:
+        """The loss scales ``step()`` will divide the pending window's sums by, as far as they are
+        known before it: ``loss_scale`` if a caller set it, the scaler's current scale if
+        AdaScale was given ``grad_scaler``, else the last AMP step's (with a warning: the scaler may
+        have changed it since), else 1."""
+        loss_scale = getattr(self, "loss_scale", None)
+        if loss_scale is None and self._grad_scaler is not None and self._grad_scaler.is_enabled():
+            loss_scale = self._grad_scaler.get_scale()
+        if loss_scale is None and self._last_loss_scale is not None:
+            if not self._warned_stale_scale:
+                self._warned_stale_scale = True
+                warnings.warn("AdaScale.gain() before step() under a GradScaler that AdaScale was not given: it "
+                              "assumes the last step's loss scale; pass AdaScale(..., grad_scaler=scaler) for the "
+                              "exact gain", stacklevel=3)
+            loss_scale = self._last_loss_scale
+        loss_scale = 1.0 if loss_scale is None else float(loss_scale)
+        return loss_scale, loss_scale if self._pending.at_backward_end else 1.0
 
     def set_scale(self, scale: float, update_estimate: bool = True) -> None:
         """New S; the variance averages (and their accumulators) are rescaled by S_old/S_new."""
@@ -188,6 +231,7 @@ class AdaScale(torch.optim.Optimizer):
         """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
         self._outside_window("set_num_gradients_to_accumulate")
         self._accum = _positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
+        self._counts[2] = self._accum
         if update_smoothing:
             self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
 
@@ -208,20 +252,26 @@ class AdaScale(torch.optim.Optimizer):
     # ---- step ------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
-        """Run the closure, finalise the window's statistics, step the inner optimizer with each
-        group's lr multiplied by its gain; returns the closure's loss."""
+        """Run the closure, take the window's statistics into the averages, step the inner optimizer
+        with each group's lr multiplied by its gain; returns the closure's loss."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
-        scale = self._scale * min(self._backwards, self._accum) / self._accum if self._backwards else self._scale
-        if not skipped and self._backwards:
-            self._update_statistics(*self._loss_scales(grad_scale, found_inf), scale)
+        if self._pending is None and self._backwards and not skipped:
+            self._pending = self._end_window(at_backward_end=False)  # a short window (every rank steps)
+        window = self._pending
         self._reset_window()
         if skipped:
             return loss
+        if window is not None:
+            micro_scale, grad_scale_of_total = self._loss_scales(window, grad_scale, found_inf)
+            if found_inf is not None:
+                self._last_loss_scale = micro_scale
+            self._avg = self._averaged(window, micro_scale, grad_scale_of_total)
+        scale = self._scale if window is None else window.scale
         gains = [self.gain(None if self._global_gain else gi, scale) for gi in range(len(self.param_groups))]
         lrs = [group["lr"] for group in self.param_groups]
         for group, g in zip(self.param_groups, gains):
@@ -234,10 +284,28 @@ class AdaScale(torch.optim.Optimizer):
         self.scale_invariant_steps += self.gain(scale=scale)
         return loss
 
-    def _loss_scales(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
-        """The loss scales that the micro-batch grads and ``.grad`` carry: the scaler's
-        ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
-        ``grad_scaler``'s for the micro-batches and 1 for ``.grad``."""
+    def scale_grad_by_num_grads_to_accum(self) -> None:
+        """Divide every ``.grad`` by c, the accumulation count (fairscale's method of this name):
+        with ``is_scaled_loss=False`` the grads hold the sum of the window's micro-batch grads,
+        and this makes them the mean before ``step()``. Call it after the window's last backward."""
+        if self._accum <= 1:
+            raise RuntimeError("AdaScale.scale_grad_by_num_grads_to_accum: num_gradients_to_accumulate is 1, "
+                               "there is nothing to scale")
+        if self._is_scaled_loss:
+            raise RuntimeError("AdaScale.scale_grad_by_num_grads_to_accum is for unscaled losses: this AdaScale has "
+                               "is_scaled_loss=True (the losses were divided by c already)")
+        if self._backwards and self._pending is None:
+            raise RuntimeError(f"AdaScale.scale_grad_by_num_grads_to_accum was called inside an accumulation window "
+                               f"({self._backwards} of {self._accum} backward passes); call it after the last one")
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_div_(grads, float(self._accum))
+
+    def _loss_scales(self, window: _Window, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
+        """The loss scales that the window's micro-batch sums and ``.grad`` sums carry: the
+        scaler's ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
+        ``grad_scaler``'s for the micro-batches, and for ``.grad`` too if its sums were taken at
+        the end of the backward pass (before the unscale), else 1."""
         loss_scale = getattr(self, "loss_scale", None)
         if loss_scale is not None:  # set by a caller whose grad_scale also holds a clip coefficient
             return float(loss_scale), float(loss_scale)
@@ -251,11 +319,13 @@ class AdaScale(torch.optim.Optimizer):
                 "AdaScale's micro-batch norms were taken on the scaled grads; pass the scaler, "
                 "AdaScale(optimizer, ..., grad_scaler=scaler), or let scaler.step() unscale"
             )
-        return float(self._grad_scaler.get_scale()), 1.0
+        scaler_scale = float(self._grad_scaler.get_scale())
+        return scaler_scale, scaler_scale if window.at_backward_end else 1.0
 
     def _reset_window(self) -> None:
         self._local.zero_()
         self._counts[0] = 0
+        self._pending = None
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         inner = self._optimizer
@@ -272,7 +342,14 @@ class AdaScale(torch.optim.Optimizer):
             torch._foreach_mul_(grads, 1.0 / float(grad_scale))
             inner.step()
 
-    def _update_statistics(self, micro_scale: float, grad_scale: float, scale: float) -> None:
+    def _window_ended_in_backward(self) -> None:
+        """Called (through the ``adascale_window_end`` op) at the end of the backward pass that
+        completes the window."""
+        self._pending = self._end_window(at_backward_end=True)
+
+    def _end_window(self, at_backward_end: bool) -> _Window:
+        """The window's sums: the micro-batch sums pooled over ranks (the one all-reduce) and
+        ``.grad``'s, still carrying the loss scales (known only at ``step()``)."""
         c = self._backwards
         local = self._local.clone()
         if self._world_size > 1:
@@ -281,8 +358,15 @@ class AdaScale(torch.optim.Optimizer):
         total = self._zeros()
         grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
         # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
-        local = [x / micro_scale**2 for x in local.tolist()]
-        total = [x / grad_scale**2 for x in total.tolist()]
+        return _Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
+                       at_backward_end)
+
+    def _averaged(self, window: _Window, micro_scale: float, grad_scale: float) -> dict[str, list[float]]:
+        """The averages after ``window`` (the current ones when it cannot estimate, or when its
+        statistics are not finite)."""
+        c, scale = window.passes, window.scale
+        local = [x / micro_scale**2 for x in window.local]
+        total = [x / grad_scale**2 for x in window.total]
         if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
             if self._is_scaled_loss:
                 local = [x * self._accum**2 for x in local]
@@ -291,22 +375,26 @@ class AdaScale(torch.optim.Optimizer):
                 total = [x / c**2 for x in total]
         cn = self._world_size * c
         if cn <= 1:
-            return
+            return self._avg
         var = [lo * (scale / cn) / (cn - 1) - to * scale / (cn - 1) for lo, to in zip(local, total)]
         sqr = [max(to - v / scale, 0.0) for to, v in zip(total, var)]  # (max keeps a NaN: it is tested next)
         var = [max(v, 1e-6) for v in var]
         if not all(math.isfinite(x) for x in var + sqr):
-            return
-        self._update_avg(_SQR, sqr)
-        self._update_avg(_VAR, var)
+            return self._avg
+        avg = dict(self._avg)
+        self._update_avg(avg, _SQR, sqr)
+        self._update_avg(avg, _VAR, var)
+        return avg
 
     def _zeros(self) -> Tensor:
         """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
         device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
         return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
 
-    def _update_avg(self, name: str, value: list[float]) -> None:
-        beta, avg, zeros = self._smoothing, self._avg, [0.0] * len(value)
+    def _update_avg(self, avg: dict[str, list[float]], name: str, value: list[float]) -> None:
+        """One EWMA step of ``avg[name]`` (and its accumulators) towards ``value``; ``avg``'s
+        lists are replaced, never changed in place."""
+        beta, zeros = self._smoothing, [0.0] * len(value)
         if self._debias_ewma:
             biased = [beta * b + (1 - beta) * v for b, v in zip(avg.get(name + "_biased", zeros), value)]
             unbias = [beta * u + (1 - beta) for u in avg.get(name + "_unbias", zeros)]
@@ -362,11 +450,17 @@ class AdaScale(torch.optim.Optimizer):
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only."""
+        window = self._pending
         return {**self._optimizer.state_dict(), "adascale": {
             **{name: torch.tensor(value, dtype=torch.float64) for name, value in self._avg.items()},
             "local": self._local.clone(), "backwards": self._backwards, "scale": self._scale,
             "smoothing": self._smoothing, "num_gradients_to_accumulate": self._accum,
             "scale_invariant_steps": self.scale_invariant_steps,
+            **({} if window is None else {
+                "ended_local": torch.tensor(window.local, dtype=torch.float64),
+                "ended_total": torch.tensor(window.total, dtype=torch.float64),
+                "ended_passes": window.passes, "ended_scale": window.scale,
+                "ended_at_backward_end": window.at_backward_end}),
         }}
 
     def load_state_dict(self, state_dict: dict) -> None:
@@ -387,7 +481,11 @@ class AdaScale(torch.optim.Optimizer):
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
         self._accum = int(saved.pop("num_gradients_to_accumulate"))
+        self._counts[2] = self._accum
         self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
+        self._pending = None if "ended_local" not in saved else _Window(
+            saved.pop("ended_local").tolist(), saved.pop("ended_total").tolist(), int(saved.pop("ended_passes")),
+            float(saved.pop("ended_scale")), bool(saved.pop("ended_at_backward_end")))
         self._avg = {name: value.tolist() for name, value in saved.items()}
 
     def __getattr__(self, name: str) -> Any:
@@ -398,6 +496,42 @@ class AdaScale(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"AdaScale(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
+
+
+@dataclass(frozen=True)
+class _Window:
+    """An ended accumulation window's sums, per group: the micro-batch ‖g‖² pooled over ranks
+    (``local``) and ‖.grad‖² (``total``), both still carrying the loss scales; its backward passes,
+    its scale S·c'/c, and whether ``total`` was taken at the end of the backward pass (before a
+    ``scaler.unscale_``) or in ``step()``."""
+
+    local: list[float]
+    total: list[float]
+    passes: int
+    scale: float
+    at_backward_end: bool
+
+
+_handles = itertools.count()
+# The live AdaScales by handle (counts[3]), for the window-end op the C++ hooks call.
+_WINDOW_OWNERS: weakref.WeakValueDictionary[int, AdaScale] = weakref.WeakValueDictionary()
+
+
+def _window_end(counts: Tensor) -> None:
+    """``fused_optim::adascale_window_end``: the end of the backward pass that completed a window."""
+    ada = _WINDOW_OWNERS.get(int(counts[3]))
+    if ada is not None:
+        ada._window_ended_in_backward()
+
+
+_ops._lib.impl("adascale_window_end", _window_end, "CPU")
+
+
+def _queue_window_end(counts: Tensor) -> None:
+    """The Python hooks' way to run the window-end op when the current backward pass ends: queued
+    twice, like the C++ hooks', so it runs after the callbacks queued later in the pass (DDP's)."""
+    engine = torch.autograd.Variable._execution_engine
+    engine.queue_callback(lambda: engine.queue_callback(lambda: _window_end(counts)))
 
 
 def _positive_int(name: str, value: int) -> int:

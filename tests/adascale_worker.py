@@ -1,7 +1,7 @@
 """Subprocess side of tests/test_adascale_ddp.py (run as a script; also imported by the test for
 the model, the data and the loops, so that both sides train the same way).
 
-    adascale_worker.py ddp RANK PORT OUT   one of 2 gloo ranks: DDP, accumulation 2, ours then fairscale
+    adascale_worker.py ddp RANK PORT OUT   one of 2 gloo ranks: DDP, accumulation 2, ours and fairscale
     adascale_worker.py save CKPT           4 steps and one backward of step 4, then save and exit
     adascale_worker.py resume CKPT OUT     load, finish step 4, go on to step 8
     adascale_worker.py straight OUT        steps 0..8 without interruption
@@ -9,6 +9,7 @@ the model, the data and the loops, so that both sides train the same way).
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 from datetime import timedelta
@@ -26,59 +27,74 @@ def backward(model, step: int, micro: int, accum: int) -> None:
     (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
 
 
-def record(opt, model, trace: list) -> None:
-    trace.append({"gain": float(opt.gain()),
-                  "gains": [float(opt.gain(k)) for k in range(len(opt.param_groups))],
-                  "tau": float(getattr(opt, "scale_invariant_steps", float("nan"))),
-                  "params": [p.detach().clone() for p in model.parameters()]})
-
-
-def train(wrap, two_groups: bool, micros, accum: int, ddp: bool = False) -> list:
-    """SGD(lr=0.1, momentum=0.9) wrapped by ``wrap``; each step runs the micro-batches
-    ``micros`` (of that step) with losses divided by ``accum``. Under ``ddp`` all but the last
-    backward of the window run inside ``no_sync()``."""
-    model, groups = model_and_groups(two_groups)
-    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
-    opt = wrap(torch.optim.SGD(groups, lr=0.1, momentum=0.9))
-    trace = []
-    for step in range(STEPS):
-        for i, m in enumerate(micros):
-            if ddp and i < len(micros) - 1:
-                with net.no_sync():
-                    backward(net, step, m, accum)
-            else:
+def window(net, step: int, micros, accum: int, ddp: bool) -> None:
+    """The step's micro-batches ``micros``, losses divided by ``accum``; under ``ddp`` all but the
+    last backward run inside ``no_sync()``."""
+    for i, m in enumerate(micros):
+        if ddp and i < len(micros) - 1:
+            with net.no_sync():
                 backward(net, step, m, accum)
-        opt.step()
-        opt.zero_grad()
-        record(opt, model, trace)
-    return trace
+        else:
+            backward(net, step, m, accum)
 
 
-def ddp_main(rank: int, port: int, out: str) -> None:
+def observe(opt, model) -> dict:
+    """What fairscale's documented loop sees between the window's last backward and step()."""
+    return {"gain": float(opt.gain()), "gains": [float(opt.gain(k)) for k in range(len(opt.param_groups))]}
+
+
+def after_step(opt, model) -> dict:
+    return {"after_gain": float(opt.gain()), "tau": float(getattr(opt, "scale_invariant_steps", float("nan"))),
+            "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def train_lockstep(two_groups: bool, micros, accum: int) -> dict:
+    """Ours and fairscale's AdaScale over SGD(lr=0.1, momentum=0.9) in float64, each on its own DDP
+    model, step by step: each step records what fairscale's documented loop reads
+    (``backward; tau += opt.gain(); opt.step()``) and the params after it; then fairscale's params
+    and momentum buffers are set to ours, so every step of the two starts from the same state
+    (see tests/test_adascale.py for why). Ours also records its model and optimizer state before
+    each step, for the one-process replay."""
     import torch.distributed as dist
     from fairscale.optim.adascale import AdaScale as FairscaleAdaScale
 
     import fused_optim
 
+    trace = {"ours": [], "fairscale": []}
+    runs = []
+    for name, cls in (("ours", fused_optim.AdaScale), ("fairscale", FairscaleAdaScale)):
+        model, groups = model_and_groups(two_groups)
+        opt = cls(torch.optim.SGD(groups, lr=0.1, momentum=0.9), num_gradients_to_accumulate=accum)
+        assert opt.scale == dist.get_world_size() * accum  # the world size from the process group
+        runs.append((name, model, torch.nn.parallel.DistributedDataParallel(model), opt))
+    (_, model, _, ours), (_, ref_model, _, theirs) = runs
+    for step in range(STEPS):
+        before = copy.deepcopy({"model": model.state_dict(), "opt": ours.state_dict()})  # (live tensors)
+        for name, m, net, opt in runs:
+            window(net, step, micros, accum, ddp=True)
+            record = observe(opt, m)
+            opt.step()
+            record.update(after_step(opt, m))
+            trace[name].append(record)
+        trace["ours"][-1]["before"] = before
+        for p, q in zip(model.parameters(), ref_model.parameters()):
+            q.data.copy_(p.data)
+            theirs.state[q]["momentum_buffer"].copy_(ours.state[p]["momentum_buffer"])
+        for _, _, _, opt in runs:
+            opt.zero_grad()
+    return trace
+
+
+def ddp_main(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=120))
     try:
         assert dist.get_world_size() == 2 and dist.get_rank() == rank
+        torch.set_default_dtype(torch.float64)  # fairscale's micro-batch sums take the default dtype
         micros = (2 * rank, 2 * rank + 1)
-        results = {}
-        for two_groups in (False, True):
-            def ours(inner):
-                opt = fused_optim.AdaScale(inner, num_gradients_to_accumulate=2)
-                assert opt.scale == 4.0  # world size 2 from the process group, times 2
-                return opt
-
-            def theirs(inner):
-                opt = FairscaleAdaScale(inner, num_gradients_to_accumulate=2)
-                assert opt.scale == 4.0
-                return opt
-
-            results[two_groups] = {"ours": train(ours, two_groups, micros, 2, ddp=True),
-                                   "fairscale": train(theirs, two_groups, micros, 2, ddp=True)}
+        results = {two_groups: train_lockstep(two_groups, micros, 2) for two_groups in (False, True)}
         torch.save({"world_size": dist.get_world_size(), "rank": rank, "results": results}, out)
         dist.barrier()
     finally:

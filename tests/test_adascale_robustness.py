@@ -170,6 +170,31 @@ def test_unscale_before_step_takes_the_scale_from_the_grad_scaler():
         run(ours, scaler_kw=False)
 
 
+@pytest.mark.parametrize("give_scaler", [True, False], ids=["grad_scaler-given", "grad_scaler-not-given"])
+def test_gain_before_step_under_a_grad_scaler(give_scaler):
+    """gain() between the last backward and scaler.step() is the gain step() applies when AdaScale
+    knows the scaler; without it, it warns that it assumes the last step's loss scale."""
+    model, groups = model_and_groups(two_groups=False)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)  # the scale changes every 2 steps
+    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9), **({"grad_scaler": scaler} if give_scaler else {}))
+    mismatches = 0
+    for step in range(6):
+        for m in range(2):
+            x, y = micro_batch(step, m)
+            scaler.scale(torch.nn.functional.mse_loss(model(x), y) / 2).backward()
+        if give_scaler or step != 1:
+            before = opt.gain()
+        else:  # once, at the first gain() after an AMP step
+            with pytest.warns(UserWarning, match="grad_scaler=scaler"):
+                before = opt.gain()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        mismatches += before != opt.gain()
+    assert scaler.get_scale() > 1024.0  # the scale grew during the run
+    assert mismatches == 0 if give_scaler else mismatches > 0
+
+
 def test_zero_grad_drops_an_abandoned_window():
     """A loop that gives up a window (say a bad batch): zero_grad() without step()."""
 
@@ -205,7 +230,11 @@ def test_zero_grad_set_to_none(set_to_none):
         fairscale(sgd(groups)).zero_grad(set_to_none=set_to_none)
 
 
-def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically():
+@pytest.mark.parametrize("saved_after", [1, 2], ids=["mid-window", "after-the-last-backward"])
+def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically(saved_after):
+    """Saved after the window's first backward, or after its last (its statistics are taken then,
+    and step() has not consumed them yet)."""
+
     def start():
         model, groups = model_and_groups(two_groups=True)
         return model, ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
@@ -219,7 +248,9 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
         backward_window(model, step, 2)
         opt.step()
         opt.zero_grad()
-    backward(model, 4, 0)  # mid-window
+    for m in range(saved_after):
+        backward(model, 4, m)
+    gain_before_save = opt.gain()
     buf = io.BytesIO()
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                 "grads": [p.grad.clone() for p in model.parameters()]}, buf)
@@ -230,8 +261,10 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
     opt2.load_state_dict(ckpt["opt"])
     for p, g in zip(model2.parameters(), ckpt["grads"]):
         p.grad = g
+    assert opt2.gain() == gain_before_save
     for m, o in ((model, opt), (model2, opt2)):
-        backward(m, 4, 1)
+        if saved_after == 1:
+            backward(m, 4, 1)
         o.step()
         o.zero_grad()
         for step in range(5, 8):

@@ -3,9 +3,12 @@
 //   grad_norm_hooks(params, index, sums, counts) registers on params[i] a hook that, for each
 //   micro-batch gradient g of it, does  sums[index[i]] += Σ g²  (as sum_squares_ would; CPU grads
 //   without the dispatcher and its allocations) and counts the backward passes it
-//   sees: counts = [backward passes, autograd graph task id of the last one]; a hook running in a
-//   graph task other than the last one counted starts a new backward pass. Returns each hook's
-//   position; remove_grad_hooks(params, positions) removes them again.
+//   sees: counts = [backward passes, autograd graph task id of the last one, window length w,
+//   window handle]; a hook running in a graph task other than the last one counted starts a new
+//   backward pass. The pass that brings the count to w (w > 0) ends the window: at the end of that
+//   backward pass, after every callback already queued (DDP's gradient all-reduce among them),
+//   fused_optim::adascale_window_end(counts) runs (a Python op: AdaScale's statistics). Returns
+//   each hook's position; remove_grad_hooks(params, positions) removes them again.
 //   grad_sum_squares_(sums, params, index):  sums[index[i]] += Σ params[i].grad²  for the params
 //   that have a grad (read here: Python would wrap each .grad in a new object, ~1 µs a param).
 #include "../shared/checks.h"
@@ -13,15 +16,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/macros/Export.h>
+#include <torch/csrc/autograd/engine.h>  // queue_callback; get_current_graph_task_id (graph_task.h)
 
 #include <array>
 #include <mutex>
-
-namespace torch::autograd {
-// From torch/csrc/autograd/graph_task.h (declared here: that header pulls in most of autograd).
-// The id of the graph task (one backward() call) running on this thread, -1 outside one.
-TORCH_API int get_current_graph_task_id();
-}  // namespace torch::autograd
 
 namespace fused_optim {
 namespace {
@@ -34,6 +32,21 @@ void sum_squares(const at::Tensor& sums, at::TensorList tensors, c10::IntArrayRe
                              .findSchemaOrThrow("fused_optim::sum_squares_", "")
                              .typed<void(const at::Tensor&, at::TensorList, c10::IntArrayRef)>();
   op.call(sums, tensors, index);
+}
+
+// Runs fused_optim::adascale_window_end(counts) at the end of the current backward pass. Queued
+// from the pass's first hook, the callback queues itself again, so it runs after the callbacks that
+// hooks queue later in the pass (DDP queues its all-reduce's completion at its last bucket).
+void queue_window_end(const at::Tensor& counts) {
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  engine.queue_callback([counts, &engine] {
+    engine.queue_callback([counts] {
+      static const auto op = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow("fused_optim::adascale_window_end", "")
+                                 .typed<void(const at::Tensor&)>();
+      op.call(counts);
+    });
+  });
 }
 
 void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t index, const at::Tensor& grad) {
@@ -49,6 +62,7 @@ void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t 
   if (count[1] != task) {
     count[1] = task;
     count[0] += 1;
+    if (count[0] == count[2]) queue_window_end(counts);
   }
 }
 
@@ -58,9 +72,9 @@ std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef ind
                                      const at::Tensor& counts) {
   const char* op = "fused_optim::grad_norm_hooks";
   check_sums_index(op, "param", params.size(), index, sums.numel());
-  TORCH_CHECK(counts.device().is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 2 &&
+  TORCH_CHECK(counts.device().is_cpu() && counts.scalar_type() == at::kLong && counts.numel() == 4 &&
                   counts.is_contiguous(),
-              op, ": counts must be a contiguous int64 CPU tensor of 2 elements");
+              op, ": counts must be a contiguous int64 CPU tensor of 4 elements");
   TORCH_CHECK(sums.scalar_type() == at::kDouble && sums.dim() == 1 && sums.is_contiguous(), op,
               ": sums must be a contiguous 1-D float64 tensor");
   for (size_t i = 0; i < params.size(); ++i) {
