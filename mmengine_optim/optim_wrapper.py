@@ -20,6 +20,7 @@ from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 
 from fused_optim import AdaScale, multi_tensor_l2norm
+from fused_optim.metrics import GAIN, LR, TAU
 
 from .loss_scaler import LossScaler
 
@@ -150,9 +151,10 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
     accumulation count c, the process group gives N, and every param group gets one global gain
     (mmengine's ``paramwise_cfg`` makes a group per param; fairscale's per-group gains would then
     be per-tensor noise). Per update the lr is multiplied by the gain for the step, then restored;
-    τ (``scale_invariant_iter``) += gain. The logged ``lr`` stays the scheduled one; the message
-    hub gets ``train/adascale_gain``, ``train/scale_invariant_iter`` and ``train/adascale_lr``
-    (the first group's lr × gain). The statistics, τ and the loss scale are in the checkpoint; a
+    τ (``scale_invariant_iter``) += gain. The logged ``lr`` stays the scheduled one; per update the
+    message hub gets ``train/adascale/gain``, ``train/adascale/tau`` and ``train/adascale/lr`` (the
+    first group's lr × gain; the names of :mod:`fused_optim.metrics`, which the loggers show without
+    ``train/``). The statistics, τ and the loss scale are in the checkpoint; a
     resumed run starts a new accumulation window (mmengine does not save grads).
 
     Use :class:`mmengine_optim.UpdateParamSchedulerHook` so iteration-based schedules follow ⌊τ⌋.
@@ -196,9 +198,9 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
         super().step(**kwargs)
         gain = self.scale_invariant_iter - tau
         if gain:  # 0 when an overflow skipped the update
-            self.message_hub.update_scalar("train/adascale_gain", gain)
-            self.message_hub.update_scalar("train/scale_invariant_iter", self.scale_invariant_iter)
-            self.message_hub.update_scalar("train/adascale_lr", self.optimizer.param_groups[0]["lr"] * gain)
+            for name, value in ((GAIN, gain), (TAU, self.scale_invariant_iter),
+                                (LR, self.optimizer.param_groups[0]["lr"] * gain)):
+                self.message_hub.update_scalar(f"train/{name}", value)
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
