@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,21 @@ def test_adascale_metrics_reach_the_loggers_under_the_shared_names(tmp_path):
     assert logged[-1][TAU] == runner.optim_wrapper.scale_invariant_iter  # the last update is at iteration 16
     (text_log,) = tmp_path.rglob("*.log")
     assert f"{GAIN}: " in text_log.read_text()
+
+
+@pytest.mark.parametrize("hook", ["ParamSchedulerHook", "mmengine_optim.UpdateParamSchedulerHook"])
+def test_adascale_with_mmengines_scheduler_hook_warns_once_naming_ours(hook, tmp_path):
+    """mmengine's hook (an mmpretrain-style runtime's) steps iteration schedules per micro-batch."""
+    cfg = Config.fromfile(ADASCALE)
+    cfg.default_hooks.param_scheduler = dict(type=hook)
+    cfg.dump(tmp_path / "config.py")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path / "config.py", tmp_path, "train_cfg.max_iters=8")
+    ours = [w for w in caught if "UpdateParamSchedulerHook" in str(w.message)]
+    assert len(ours) == (1 if hook == "ParamSchedulerHook" else 0)
+    if ours:
+        assert "micro-batch" in str(ours[0].message) and "mmengine_optim.UpdateParamSchedulerHook" in str(ours[0].message)
 
 
 def test_resume_continues_identically_under_weights_only(tmp_path):
