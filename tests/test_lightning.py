@@ -181,6 +181,20 @@ def test_lightning_cli_takes_our_optimizer_by_class_path():
     assert cli.trainer.global_step == 3 and all(int(s["step"]) == 3 for s in opt.state.values())
 
 
+def test_step_scheduler_cli_schedule_from_the_command_line_follows_floor_tau():
+    """``--lr_scheduler`` becomes an ``interval="step"`` scheduler, so AdaScaleCallback drives it."""
+    cli = lightning_optim.StepSchedulerCLI(CliRegressor, run=True, save_config_callback=None, args=[
+        "fit", "--optimizer", "fused_optim.FusedSGD", "--optimizer.lr", "0.1",
+        "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2", "--lr_scheduler.gamma", "0.5",
+        "--trainer.callbacks+=lightning_optim.AdaScaleCallback", "--trainer.accumulate_grad_batches", "2",
+        "--trainer.max_epochs", "2", *[f"--trainer.{k}={v}" for k, v in FAST.items()]])
+    trainer = cli.trainer
+    tau, (config,) = trainer.optimizers[0].scale_invariant_steps, trainer.lr_scheduler_configs
+    assert trainer.global_step == 8 and tau > 8  # gains > 1
+    assert config.scheduler.last_epoch == math.floor(tau)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** (math.floor(tau) // 2), rel=1e-12)
+
+
 # ---- AdaScaleCallback, one process ---------------------------------------------------------------
 @pytest.mark.parametrize("returns_adascale", [False, True], ids=["wraps-plain", "module-returns-adascale"])
 def test_callback_accumulating_4_equals_the_hand_loop_with_short_last_windows(returns_adascale):
