@@ -92,7 +92,6 @@ class AdaScaleCallback(Callback):
         self._applied_lrs: list[float] | None = None  # each group's lr in the last inner step
         self._step_hook = None
         self._lr_series: AppliedLrSeries | None = None
-        self._lr_names: list[str] = []
 
     # ---- setup -------------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -119,7 +118,7 @@ class AdaScaleCallback(Callback):
         if self._restored_tau is not None and opt.scale_invariant_steps == 0.0:
             opt.scale_invariant_steps = self._restored_tau  # the optimizer state came without AdaScale's
         self._tau = opt.scale_invariant_steps
-        self._lr_names = self._lr_series.names(trainer)
+        self._lr_series.start(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         opt, accumulate = self._adascale(trainer), _accumulation(trainer)
@@ -149,13 +148,11 @@ class AdaScaleCallback(Callback):
 
     def _log_update(self, pl_module, gain: float, tau: float, applied_lrs: list[float]) -> None:
         """The AdaScale metrics (if ``log``) and the LearningRateMonitor series of this update."""
-        log = dict(on_step=True, on_epoch=False, batch_size=1)
         if self.log_adascale:
             for name, value in ((GAIN, gain), (TAU, tau), (LR, applied_lrs[0])):
-                pl_module.log(name, value, prog_bar=self.prog_bar and name != LR, **log)
-        for name, lr in zip(self._lr_names, applied_lrs):
-            pl_module.log(name, lr, **log)
-        self._lr_series.record(self._lr_names, applied_lrs)
+                pl_module.log(name, value, prog_bar=self.prog_bar and name != LR, on_step=True, on_epoch=False,
+                              batch_size=1)
+        self._lr_series.log(pl_module, applied_lrs)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._step_hook is not None:

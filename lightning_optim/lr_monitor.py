@@ -28,27 +28,31 @@ class AppliedLrSeries:
 
     def __init__(self, trainer, adascale: torch.optim.Optimizer, inner: torch.optim.Optimizer):
         self.monitors = [cb for cb in trainer.callbacks if isinstance(cb, LearningRateMonitor)]
-        self._inner = inner
+        self._optimizers = (adascale, inner)
+        self.names: list[str] = []  # one per param group of ``inner``; set by :meth:`start`
         for monitor in self.monitors:
             _see_through(monitor, adascale, inner)
 
-    def names(self, trainer) -> list[str]:
-        """The series names, one per param group of ``inner``, as the monitors name them."""
-        if not self.monitors:
-            return []
+    def start(self, trainer) -> None:
+        """Name the series (at ``on_train_start``, when the scheduler configs are final)."""
+        self.names = self._names(trainer) if self.monitors else []
+
+    def log(self, pl_module, applied_lrs: list[float]) -> None:
+        """Log each group's applied lr under its series name (at the step index the monitor uses
+        for this update) and append it to each monitor's ``lrs`` history (its public record)."""
+        for name, lr in zip(self.names, applied_lrs):
+            pl_module.log(name, lr, on_step=True, on_epoch=False, batch_size=1)
+            for monitor in self.monitors:
+                monitor.lrs.setdefault(name, []).append(lr)
+
+    def _names(self, trainer) -> list[str]:
         monitor = self.monitors[0]
         names, seen, seen_types = _original(monitor, "_find_names_from_schedulers")(trainer.lr_scheduler_configs)
         for config, config_names in zip(trainer.lr_scheduler_configs, names):
-            if config.scheduler.optimizer is self._inner:
+            if any(config.scheduler.optimizer is opt for opt in self._optimizers):
                 return config_names
-        (inner_names,), _ = _original(monitor, "_find_names_from_optimizers")([self._inner], seen, seen_types)
+        (inner_names,), _ = _original(monitor, "_find_names_from_optimizers")([self._optimizers[1]], seen, seen_types)
         return inner_names
-
-    def record(self, names: list[str], lrs: list[float]) -> None:
-        """Append the applied ``lrs`` to each monitor's ``lrs`` history (its public record)."""
-        for monitor in self.monitors:
-            for name, lr in zip(names, lrs):
-                monitor.lrs.setdefault(name, []).append(lr)
 
     def detach(self) -> None:
         for monitor in self.monitors:
@@ -64,11 +68,12 @@ def _original(monitor: LearningRateMonitor, method: str):
 
 
 def _see_through(monitor: LearningRateMonitor, adascale, inner) -> None:
-    """Make ``monitor`` name ``adascale`` after ``inner`` and skip the lr of ``inner``'s groups."""
+    """Make ``monitor`` name ``adascale`` after ``inner`` (unless a scheduler bound to ``adascale``
+    named it already) and skip the lr of ``inner``'s groups."""
     find_names, extract_lr = _original(monitor, _OVERRIDDEN[0]), _original(monitor, _OVERRIDDEN[1])
 
     def find_names_from_optimizers(optimizers: list[Any], seen_optimizers, seen_optimizer_types):
-        optimizers = [inner if opt is adascale else opt for opt in optimizers]
+        optimizers = [inner if opt is adascale and adascale not in seen_optimizers else opt for opt in optimizers]
         return find_names(optimizers, seen_optimizers, seen_optimizer_types)
 
     def skip_inner_lr(param_group: dict, name: str) -> dict:

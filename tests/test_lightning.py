@@ -238,14 +238,19 @@ def test_callback_logs_once_per_update_and_nothing_with_log_false():
     assert not [m for _, m in logged[False].calls if set(m) & {GAIN, TAU, LR}]
 
 
-@pytest.mark.parametrize("scheduled", [False, True], ids=["no-scheduler", "tau-scheduler"])
+@pytest.mark.parametrize("returns, series", [("sgd", "lr-FusedSGD"), ("sgd+scheduler", "lr-FusedSGD"),
+                                             ("adascale+scheduler", "lr-AdaScale")])
 @pytest.mark.parametrize("logging_interval", [None, "step"])
-def test_learning_rate_monitor_keeps_its_series_and_shows_the_applied_lr(scheduled, logging_interval):
-    """LearningRateMonitor's ``lr-FusedSGD`` (named after the optimizer the module returned, not
-    ``lr-AdaScale``) holds, per update, the lr that update applied: the scheduled lr × its gain."""
+def test_learning_rate_monitor_keeps_its_series_and_shows_the_applied_lr(returns, series, logging_interval):
+    """LearningRateMonitor's series keeps the name it has without the callback (after the optimizer
+    the module returned, or its scheduler's) and holds, per update, the lr that update applied:
+    the scheduled lr × its gain."""
+    scheduled = returns.endswith("scheduler")
 
     def make(params):
         opt = sgd(params)
+        if returns.startswith("adascale"):
+            opt = AdaScale(opt, world_size=1, num_gradients_to_accumulate=2)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}} if scheduled else opt
 
@@ -255,15 +260,15 @@ def test_learning_rate_monitor_keeps_its_series_and_shows_the_applied_lr(schedul
                          callbacks=[monitor, lightning_optim.AdaScaleCallback(), applied], **{**FAST, "logger": spy})
     trainer.fit(Regressor(make), loader(12))
     lr_keys = {k for _, m in spy.calls for k in m if k.startswith("lr-")}
-    assert lr_keys == {"lr-FusedSGD"}
+    assert lr_keys == {series}
     want = [b * g for b, g in zip(applied.base, applied.gains)]
     assert len(want) == 6 and max(applied.gains) > 1.0
     if scheduled:  # the schedule follows ⌊τ⌋: the base lr halves at τ = 2, 4, ...
         assert min(applied.base) < 0.1
     # logged as float32 (relative rounding 2**-24); the monitor's own record holds the doubles, and
     # Δτ differs from the gain the step multiplied by only τ's rounding (τ·2**-53)
-    assert spy.series("lr-FusedSGD") == [(k, pytest.approx(lr, rel=1e-6)) for k, lr in enumerate(want)]
-    assert monitor.lrs["lr-FusedSGD"] == pytest.approx(want, rel=1e-12)
+    assert spy.series(series) == [(k, pytest.approx(lr, rel=1e-6)) for k, lr in enumerate(want)]
+    assert set(monitor.lrs) == {series} and monitor.lrs[series] == pytest.approx(want, rel=1e-12)
 
 
 def test_callback_follows_a_gradient_accumulation_scheduler():
