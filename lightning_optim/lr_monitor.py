@@ -55,6 +55,7 @@ class AppliedLrSeries:
         return inner_names
 
     def detach(self) -> None:
+        """Give the monitors their own methods back (at the end of the fit)."""
         for monitor in self.monitors:
             for method in _OVERRIDDEN:
                 monitor.__dict__.pop(method, None)
