@@ -5,11 +5,14 @@
   ``--optimizer fused_optim.FusedSGD --optimizer.lr 0.1``.
 * :class:`AdaScaleCallback`: AdaScale for any module (wraps its optimizer, or syncs one it
   returns), τ-driven LR schedules, a τ target, logging, checkpoints.
+* :class:`StepSchedulerCLI`: ``LightningCLI`` whose ``--lr_scheduler`` steps per update, so
+  ``AdaScaleCallback`` drives it by τ.
 * Strategies by name (registered on import): ``"adascale_ddp"``, ``"adascale_ddp_spawn"``
   (:class:`AdaScaleDDPStrategy`).
 """
 
 from .callback import AdaScaleCallback
+from .cli import StepSchedulerCLI
 from .strategy import AdaScaleDDPStrategy
 
-__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy"]
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "StepSchedulerCLI"]

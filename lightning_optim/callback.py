@@ -8,8 +8,10 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 
 from fused_optim import AdaScale
+from fused_optim.metrics import GAIN, LR, TAU
 
-from .wrapping import as_adascale
+from .lr_monitor import AppliedLrSeries
+from .wrapping import as_adascale, inner_optimizer
 
 # Step-interval schedulers the callback takes over get this interval: Lightning steps only
 # "step" and "epoch" schedulers, so from then on only the callback steps them (to ⌊τ⌋).
@@ -29,8 +31,14 @@ class AdaScaleCallback(Callback):
       over a budget of T steps, e.g. ``CosineAnnealingLR(opt, T_max=T)``, gives at every step the
       lr of step ⌊τ⌋ (``frequency`` is ignored for them).
     * ``tau_target``: training stops after the first step where τ ≥ target (all ranks agree).
-    * Logs ``adascale/gain``, ``adascale/tau`` and ``adascale/lr`` (group 0's lr × its gain, the lr
-      of the last update) each batch, to the logger and (``prog_bar``) the progress bar.
+    * Logs ``adascale/gain`` (the gain the update applied), ``adascale/tau`` and ``adascale/lr``
+      (the lr the update applied to group 0: its scheduled lr × gain) once per optimizer update
+      (AMP-skipped ones excepted), to the logger and (``prog_bar``) the progress bar.
+    * A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer class>``, not
+      ``lr-AdaScale``), and each series shows, once per update, the lr that update applied
+      (scheduled lr × gain; the gain is known only after the window's last backward, so the
+      monitor's own read at the batch start would show the scheduled lr): see
+      :mod:`lightning_optim.lr_monitor`.
     * Its state (τ at save time, the target) is in Lightning checkpoints; AdaScale's statistics
       are in the optimizer state. Lightning does not save gradients, so a window in progress at a
       checkpoint is dropped on resume (the rest of it counts as a short window).
@@ -64,7 +72,7 @@ class AdaScaleCallback(Callback):
         scale, smoothing, is_scaled_loss, debias_ewma: for the AdaScale it creates.
         tau_target: stop once τ reaches it (None: no stop).
         follow_tau: drive step-interval schedulers by ⌊τ⌋.
-        log, prog_bar: log gain, τ and the effective lr (and show them in the progress bar).
+        log, prog_bar: log gain, τ and the applied lr (and show the first two in the progress bar).
     """
 
     def __init__(self, scale: float | None = None, smoothing: float | None = None, is_scaled_loss: bool = True,
@@ -76,10 +84,14 @@ class AdaScaleCallback(Callback):
                                     debias_ewma=debias_ewma)
         self.tau_target = tau_target
         self.follow_tau = follow_tau
-        self.log = log
+        # Not ``self.log``: Lightning sets ``callback.log = module.log`` on every callback at fit start.
+        self.log_adascale = log
         self.prog_bar = prog_bar
         self._tau = 0.0  # as of the last batch: what a checkpoint saves
         self._restored_tau: float | None = None
+        self._applied_lrs: list[float] | None = None  # each group's lr in the last inner step
+        self._step_hook = None
+        self._lr_series: AppliedLrSeries | None = None
 
     # ---- setup -------------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -90,8 +102,11 @@ class AdaScaleCallback(Callback):
         if not pl_module.automatic_optimization or len(strategy.optimizers) != 1:
             raise RuntimeError("AdaScaleCallback needs automatic optimization with exactly one optimizer; with manual "
                                "optimization wrap your optimizer in fused_optim.AdaScale yourself")
+        inner = inner_optimizer(strategy.optimizers[0])
         strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, _accumulation(trainer),
                                            **self.adascale_kwargs)]
+        self._step_hook = inner.register_step_post_hook(self._record_applied_lrs)
+        self._lr_series = AppliedLrSeries(trainer, strategy.optimizers[0], inner)
         if self.follow_tau:
             for config in trainer.lr_scheduler_configs:
                 if config.interval == "step":
@@ -102,6 +117,8 @@ class AdaScaleCallback(Callback):
         opt.zero_grad()  # a window restored from a checkpoint has lost its gradients: start afresh
         if self._restored_tau is not None and opt.scale_invariant_steps == 0.0:
             opt.scale_invariant_steps = self._restored_tau  # the optimizer state came without AdaScale's
+        self._tau = opt.scale_invariant_steps
+        self._lr_series.start(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         opt, accumulate = self._adascale(trainer), _accumulation(trainer)
@@ -109,9 +126,15 @@ class AdaScaleCallback(Callback):
             as_adascale(opt, trainer.world_size, accumulate)
 
     # ---- after each batch: schedules, stop, logs -----------------------------------------------
+    def _record_applied_lrs(self, optimizer, args, kwargs) -> None:
+        """Step post-hook of the wrapped optimizer: its lrs are still the scaled ones here (AdaScale
+        restores them after the inner step), and it runs only for updates actually applied."""
+        self._applied_lrs = [group["lr"] for group in optimizer.param_groups]
+
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         opt = self._adascale(trainer)
-        tau = self._tau = opt.scale_invariant_steps
+        tau, previous_tau = opt.scale_invariant_steps, self._tau
+        self._tau = tau
         for config in trainer.lr_scheduler_configs:
             if config.interval == SCALE_INVARIANT_INTERVAL:
                 while config.scheduler.last_epoch < math.floor(tau):
@@ -119,13 +142,23 @@ class AdaScaleCallback(Callback):
         if self.tau_target is not None:
             reached = trainer.strategy.reduce_boolean_decision(tau >= self.tau_target, all=False)
             trainer.should_stop = trainer.should_stop or reached
-        if self.log:
-            gain = opt.gain()
-            metrics = {"adascale/gain": gain, "adascale/tau": tau,
-                       "adascale/lr": opt.param_groups[0]["lr"] * opt.gain(0)}
-            for name, value in metrics.items():
-                pl_module.log(name, value, prog_bar=self.prog_bar and name != "adascale/lr", on_step=True,
-                              on_epoch=False, batch_size=1)
+        applied_lrs, self._applied_lrs = self._applied_lrs, None
+        if applied_lrs is not None:  # this batch updated the params
+            self._log_update(pl_module, tau - previous_tau, tau, applied_lrs)
+
+    def _log_update(self, pl_module, gain: float, tau: float, applied_lrs: list[float]) -> None:
+        """The AdaScale metrics (if ``log``) and the LearningRateMonitor series of this update."""
+        if self.log_adascale:
+            for name, value in ((GAIN, gain), (TAU, tau), (LR, applied_lrs[0])):
+                pl_module.log(name, value, prog_bar=self.prog_bar and name != LR, on_step=True, on_epoch=False,
+                              batch_size=1)
+        self._lr_series.log(pl_module, applied_lrs)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._lr_series.detach()
+            self._step_hook = self._lr_series = None
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

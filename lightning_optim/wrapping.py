@@ -24,3 +24,9 @@ def as_adascale(optimizer: torch.optim.Optimizer, world_size: int, accumulate: i
         if default_scale:
             optimizer.set_scale(float(world_size * accumulate))
     return optimizer
+
+
+def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer an AdaScale wraps (the one whose ``step`` applies the scaled lrs), or
+    ``optimizer`` itself."""
+    return optimizer._optimizer if isinstance(optimizer, AdaScale) else optimizer

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
 from mmengine.logging import HistoryBuffer
-
 
 
 class UpdateParamSchedulerHook(ParamSchedulerHook):
@@ -70,6 +70,25 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
             runner.logger.info(f"τ = {tau:.2f} reached max_scale_invariant_iters = "
                                f"{self.max_scale_invariant_iters}: training stops")
             _save_now(runner)
+
+
+def warn_if_schedules_count_micro_batches(runner) -> None:
+    """Warn (once per call: the Runner's ``train``) when ``runner`` has mmengine's own
+    ``ParamSchedulerHook`` and an iteration-based param scheduler: that hook steps them after every
+    iteration, i.e. per micro-batch, where AdaScale's schedules must follow ⌊τ⌋."""
+    hooks = [h for h in runner.hooks if isinstance(h, ParamSchedulerHook)]
+    if not hooks or any(isinstance(h, UpdateParamSchedulerHook) for h in hooks):
+        return
+    schedulers = runner.param_schedulers or []
+    groups = schedulers.values() if isinstance(schedulers, dict) else [schedulers]
+    if not any(not s.by_epoch for group in groups for s in group):
+        return
+    warnings.warn(
+        "AdaScaleOptimWrapper with mmengine's ParamSchedulerHook: it steps iteration-based param schedulers "
+        "once per micro-batch (every iteration, accumulation ones included), not per update or by τ, so the "
+        "schedules run accumulative_counts times too fast and ignore the gain. Use "
+        "default_hooks = dict(param_scheduler=dict(type='mmengine_optim.UpdateParamSchedulerHook'))",
+        UserWarning, stacklevel=2)
 
 
 def _save_now(runner) -> None:

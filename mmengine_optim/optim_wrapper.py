@@ -13,14 +13,18 @@ Both keep mmengine's accumulation (``accumulative_counts``, the loss divided by 
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 
 import torch
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
+from mmengine.runner import Runner
 
 from fused_optim import AdaScale, multi_tensor_l2norm
+from fused_optim.metrics import GAIN, LR, TAU
 
+from .hooks import warn_if_schedules_count_micro_batches
 from .loss_scaler import LossScaler
 
 _NORM_CLIP_KEYS = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"}
@@ -150,12 +154,14 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
     accumulation count c, the process group gives N, and every param group gets one global gain
     (mmengine's ``paramwise_cfg`` makes a group per param; fairscale's per-group gains would then
     be per-tensor noise). Per update the lr is multiplied by the gain for the step, then restored;
-    τ (``scale_invariant_iter``) += gain. The logged ``lr`` stays the scheduled one; the message
-    hub gets ``train/adascale_gain``, ``train/scale_invariant_iter`` and ``train/adascale_lr``
-    (the first group's lr × gain). The statistics, τ and the loss scale are in the checkpoint; a
+    τ (``scale_invariant_iter``) += gain. The logged ``lr`` stays the scheduled one; per update the
+    message hub gets ``train/adascale/gain``, ``train/adascale/tau`` and ``train/adascale/lr`` (the
+    first group's lr × gain; the names of :mod:`fused_optim.metrics`, which the loggers show without
+    ``train/``). The statistics, τ and the loss scale are in the checkpoint; a
     resumed run starts a new accumulation window (mmengine does not save grads).
 
-    Use :class:`mmengine_optim.UpdateParamSchedulerHook` so iteration-based schedules follow ⌊τ⌋.
+    Use :class:`mmengine_optim.UpdateParamSchedulerHook` so iteration-based schedules follow ⌊τ⌋;
+    with mmengine's ``ParamSchedulerHook`` (they would count micro-batches) training warns once.
 
     Args:
         optimizer: the optimizer to scale (the config's ``optimizer``).
@@ -196,13 +202,22 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
         super().step(**kwargs)
         gain = self.scale_invariant_iter - tau
         if gain:  # 0 when an overflow skipped the update
-            self.message_hub.update_scalar("train/adascale_gain", gain)
-            self.message_hub.update_scalar("train/scale_invariant_iter", self.scale_invariant_iter)
-            self.message_hub.update_scalar("train/adascale_lr", self.optimizer.param_groups[0]["lr"] * gain)
+            for name, value in ((GAIN, gain), (TAU, self.scale_invariant_iter),
+                                (LR, self.optimizer.param_groups[0]["lr"] * gain)):
+                self.message_hub.update_scalar(f"train/{name}", value)
 
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.optimizer.zero_grad()  # the saved window's grads are not in the checkpoint
+
+    def initialize_count_status(self, model: torch.nn.Module, init_counts: int, max_counts: int) -> None:
+        """mmengine's; called by ``Runner.train`` once its hooks and schedulers are built. An optim
+        wrapper gets no handle on the runner, so the caller's frame gives it, to check the
+        scheduler hook (:func:`~mmengine_optim.hooks.warn_if_schedules_count_micro_batches`)."""
+        super().initialize_count_status(model, init_counts, max_counts)
+        caller = sys._getframe(1).f_locals.get("self")
+        if isinstance(caller, Runner):
+            warn_if_schedules_count_micro_batches(caller)
 
 
 def _check_norm_clip(kwargs: dict) -> None:

@@ -6,8 +6,9 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.plugins import MixedPrecision
 from lightning.pytorch.strategies import StrategyRegistry
 
@@ -15,6 +16,7 @@ import fused_optim
 import lightning_optim
 from adascale_loops import micro_batch, model_and_groups
 from fused_optim import AdaScale
+from fused_optim.metrics import GAIN, LR, TAU
 
 FAST = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0)
@@ -89,6 +91,42 @@ class Trace(Callback):
             self.steps.append((opt.gain(), opt.scale_invariant_steps, opt.param_groups[0]["lr"]))
 
 
+class SpyLogger(Logger):
+    """Every ``log_metrics`` call, as ``(step, metrics)``."""
+
+    name, version = "spy", 0
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def series(self, key):
+        """[(step, value)] of ``key``, one entry per call that logged it."""
+        return [(step, float(m[key])) for step, m in self.calls if key in m]
+
+
+class AppliedLr(Callback):
+    """Per update: (group 0's scheduled lr just before the step, the gain the step applied = Δτ)."""
+
+    def __init__(self):
+        self.base, self.gains, self._tau = [], [], 0.0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.base.append(optimizer.param_groups[0]["lr"])
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        tau = trainer.optimizers[0].scale_invariant_steps
+        if len(self.gains) < len(self.base):
+            self.gains.append(tau - self._tau)
+            self._tau = tau
+
+
 def sgd(params):
     return fused_optim.FusedSGD(params, lr=0.1, momentum=0.9)
 
@@ -143,6 +181,20 @@ def test_lightning_cli_takes_our_optimizer_by_class_path():
     assert cli.trainer.global_step == 3 and all(int(s["step"]) == 3 for s in opt.state.values())
 
 
+def test_step_scheduler_cli_schedule_from_the_command_line_follows_floor_tau():
+    """``--lr_scheduler`` becomes an ``interval="step"`` scheduler, so AdaScaleCallback drives it."""
+    cli = lightning_optim.StepSchedulerCLI(CliRegressor, run=True, save_config_callback=None, args=[
+        "fit", "--optimizer", "fused_optim.FusedSGD", "--optimizer.lr", "0.1",
+        "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2", "--lr_scheduler.gamma", "0.5",
+        "--trainer.callbacks+=lightning_optim.AdaScaleCallback", "--trainer.accumulate_grad_batches", "2",
+        "--trainer.max_epochs", "2", *[f"--trainer.{k}={v}" for k, v in FAST.items()]])
+    trainer = cli.trainer
+    tau, (config,) = trainer.optimizers[0].scale_invariant_steps, trainer.lr_scheduler_configs
+    assert trainer.global_step == 8 and tau > 8  # gains > 1
+    assert config.scheduler.last_epoch == math.floor(tau)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** (math.floor(tau) // 2), rel=1e-12)
+
+
 # ---- AdaScaleCallback, one process ---------------------------------------------------------------
 @pytest.mark.parametrize("returns_adascale", [False, True], ids=["wraps-plain", "module-returns-adascale"])
 def test_callback_accumulating_4_equals_the_hand_loop_with_short_last_windows(returns_adascale):
@@ -161,8 +213,62 @@ def test_callback_accumulating_4_equals_the_hand_loop_with_short_last_windows(re
     assert [x for g, t, _ in trace.steps for x in (g, t)] == pytest.approx([x for w in want for x in w], rel=1e-9)
     assert_params_close(module, params)
     assert want[-1][0] > 1.0
-    assert {"adascale/gain", "adascale/tau"} <= set(trainer.progress_bar_metrics)
-    assert trainer.callback_metrics["adascale/lr"].item() == pytest.approx(0.1 * want[-1][0], rel=1e-6)
+    assert {GAIN, TAU} <= set(trainer.progress_bar_metrics)
+    last_gain = want[-1][1] - want[-2][1]  # what the short last window applied (its scale is S·2/4)
+    assert trainer.callback_metrics[LR].item() == pytest.approx(0.1 * last_gain, rel=1e-6)
+
+
+def test_callback_logs_once_per_update_and_nothing_with_log_false():
+    """10 micro-batches, accumulation 4: updates after micro-batches 4, 8 and 10 (steps 0, 1, 2)."""
+    logged = {}
+    for log in (True, False):
+        spy = SpyLogger()
+        trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=4, log_every_n_steps=1,
+                             callbacks=[lightning_optim.AdaScaleCallback(log=log)], **{**FAST, "logger": spy})
+        trainer.fit(Regressor(sgd), loader(10))
+        logged[log] = spy
+        assert (GAIN in trainer.callback_metrics) is log
+    _, want = hand_loop([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 4)
+    taus = [t for _, t in want]
+    gains = [b - a for a, b in zip([0.0] + taus, taus)]
+    # Lightning logs float32 tensors: a relative rounding of 2**-24 (the hand loop's are doubles)
+    assert logged[True].series(TAU) == [(k, pytest.approx(t, rel=1e-6)) for k, t in enumerate(taus)]
+    assert logged[True].series(GAIN) == [(k, pytest.approx(g, rel=1e-6)) for k, g in enumerate(gains)]
+    assert logged[True].series(LR) == [(k, pytest.approx(0.1 * g, rel=1e-6)) for k, g in enumerate(gains)]
+    assert not [m for _, m in logged[False].calls if set(m) & {GAIN, TAU, LR}]
+
+
+@pytest.mark.parametrize("returns, series", [("sgd", "lr-FusedSGD"), ("sgd+scheduler", "lr-FusedSGD"),
+                                             ("adascale+scheduler", "lr-AdaScale")])
+@pytest.mark.parametrize("logging_interval", [None, "step"])
+def test_learning_rate_monitor_keeps_its_series_and_shows_the_applied_lr(returns, series, logging_interval):
+    """LearningRateMonitor's series keeps the name it has without the callback (after the optimizer
+    the module returned, or its scheduler's) and holds, per update, the lr that update applied:
+    the scheduled lr × its gain."""
+    scheduled = returns.endswith("scheduler")
+
+    def make(params):
+        opt = sgd(params)
+        if returns.startswith("adascale"):
+            opt = AdaScale(opt, world_size=1, num_gradients_to_accumulate=2)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}} if scheduled else opt
+
+    spy, applied = SpyLogger(), AppliedLr()
+    monitor = LearningRateMonitor(logging_interval=logging_interval)
+    trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=2, log_every_n_steps=1,
+                         callbacks=[monitor, lightning_optim.AdaScaleCallback(), applied], **{**FAST, "logger": spy})
+    trainer.fit(Regressor(make), loader(12))
+    lr_keys = {k for _, m in spy.calls for k in m if k.startswith("lr-")}
+    assert lr_keys == {series}
+    want = [b * g for b, g in zip(applied.base, applied.gains)]
+    assert len(want) == 6 and max(applied.gains) > 1.0
+    if scheduled:  # the schedule follows ⌊τ⌋: the base lr halves at τ = 2, 4, ...
+        assert min(applied.base) < 0.1
+    # logged as float32 (relative rounding 2**-24); the monitor's own record holds the doubles, and
+    # Δτ differs from the gain the step multiplied by only τ's rounding (τ·2**-53)
+    assert spy.series(series) == [(k, pytest.approx(lr, rel=1e-6)) for k, lr in enumerate(want)]
+    assert set(monitor.lrs) == {series} and monitor.lrs[series] == pytest.approx(want, rel=1e-12)
 
 
 def test_callback_follows_a_gradient_accumulation_scheduler():

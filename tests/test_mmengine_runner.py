@@ -2,8 +2,10 @@
 with AdaScale), τ-target stop with a checkpoint, resume under weights_only, clear config errors."""
 
 import itertools
+import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 from mmengine.config import Config
 
 import fused_optim
+from fused_optim.metrics import GAIN, LR, TAU
 from mmengine_optim.train import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,6 +94,36 @@ def test_schedulers_follow_tau_with_adascale_and_stop_at_the_target(tmp_path):
     assert (tmp_path / "last_checkpoint").read_text().strip() == str(saved)
     checkpoint = torch.load(saved)  # weights_only (torch's default)
     assert checkpoint["optimizer"]["adascale"]["scale_invariant_steps"] == tau
+
+
+def test_adascale_metrics_reach_the_loggers_under_the_shared_names(tmp_path):
+    """The message hub's ``train/adascale/...`` scalars reach the visualizer's scalars.json (and the
+    text log) as ``adascale/gain``, ``adascale/tau``, ``adascale/lr``, every logger interval."""
+    runner = train(ADASCALE, tmp_path, "train_cfg.max_iters=16", "default_hooks.logger.interval=2",
+                   "log_level=INFO")
+    (scalars,) = tmp_path.rglob("vis_data/scalars.json")
+    records = [json.loads(line) for line in scalars.read_text().splitlines()]
+    logged = [r for r in records if GAIN in r]
+    assert [r["iter"] for r in logged] == list(range(4, 17, 2))  # the first update is at iteration 4
+    assert all({TAU, LR} <= set(r) for r in logged)
+    assert logged[-1][TAU] == runner.optim_wrapper.scale_invariant_iter  # the last update is at iteration 16
+    (text_log,) = tmp_path.rglob("*.log")
+    assert f"{GAIN}: " in text_log.read_text()
+
+
+@pytest.mark.parametrize("hook", ["ParamSchedulerHook", "mmengine_optim.UpdateParamSchedulerHook"])
+def test_adascale_with_mmengines_scheduler_hook_warns_once_naming_ours(hook, tmp_path):
+    """mmengine's hook (an mmpretrain-style runtime's) steps iteration schedules per micro-batch."""
+    cfg = Config.fromfile(ADASCALE)
+    cfg.default_hooks.param_scheduler = dict(type=hook)
+    cfg.dump(tmp_path / "config.py")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tmp_path / "config.py", tmp_path, "train_cfg.max_iters=8")
+    ours = [w for w in caught if "UpdateParamSchedulerHook" in str(w.message)]
+    assert len(ours) == (1 if hook == "ParamSchedulerHook" else 0)
+    if ours:
+        assert "micro-batch" in str(ours[0].message) and "mmengine_optim.UpdateParamSchedulerHook" in str(ours[0].message)
 
 
 def test_resume_continues_identically_under_weights_only(tmp_path):

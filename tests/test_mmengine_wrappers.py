@@ -9,6 +9,7 @@ from mmengine.logging import MessageHub
 from mmengine.optim import OptimWrapper
 
 from fused_optim import AdaScale, FusedAdam, FusedSGD
+from fused_optim.metrics import GAIN, LR, TAU
 from mmengine_optim import AdaScaleOptimWrapper, FusedOptimWrapper, LossScaler
 from adascale_loops import backward_window, micro_batch, model_and_groups
 
@@ -56,10 +57,10 @@ def test_adascale_wrapper_has_one_gain_for_all_groups_and_logs_it():
     wrapper.optimizer._optimizer.step = lambda: (seen.append([g["lr"] for g in groups]), inner_step())[1]
     _run_wrapper(wrapper, model, 2, steps=3)
     hub = MessageHub.get_current_instance()
-    gain = hub.get_scalar("train/adascale_gain").current()
+    gain = hub.get_scalar(f"train/{GAIN}").current()
     assert seen[-1] == pytest.approx([0.1 * gain, 0.05 * gain], rel=1e-12)  # one gain, both groups
-    assert hub.get_scalar("train/scale_invariant_iter").current() == wrapper.scale_invariant_iter
-    assert hub.get_scalar("train/adascale_lr").current() == pytest.approx(0.1 * gain)
+    assert hub.get_scalar(f"train/{TAU}").current() == wrapper.scale_invariant_iter
+    assert hub.get_scalar(f"train/{LR}").current() == pytest.approx(0.1 * gain)
     assert [g["lr"] for g in groups] == [0.1, 0.05]  # restored after the step
 
 
