@@ -89,7 +89,7 @@ class FusedAdam(FusedOptimizer):
         ), ()
 
     def _scalars(self, group: dict) -> dict:
-        beta1, beta2 = group["betas"]
+        beta1, beta2 = (float(beta) for beta in group["betas"])  # torch.optim.Adam also takes Tensor betas
         return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                     weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
                     decoupled=group["decoupled_weight_decay"], maximize=group["maximize"],
