@@ -69,6 +69,11 @@ class TorchOptimizer(FusedOptimizer):
     def _scalars(self, group: dict) -> dict:
         return super()._scalars({**self._algorithm_options, **group})
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:  # a torch.optim group key, which FusedOptimizer does not add
+            group.setdefault("differentiable", False)
+
 
 class SGD(TorchOptimizer, FusedSGD):
     r"""Drop-in for ``torch.optim.SGD`` (torch's signature, defaults, group keys and state).
