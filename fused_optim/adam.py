@@ -18,7 +18,11 @@ def init_moments(p, state: dict) -> None:
 
 
 class FusedAdam(FusedOptimizer):
-    r"""Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
+    r"""apex/ColossalAI ``FusedAdam``: their signature and defaults (AdamW by default with
+    ``weight_decay=0``, ``adam_w_mode``, ``bias_correction``). For ``torch.optim.Adam`` /
+    ``AdamW``'s use :class:`Adam` / :class:`AdamW`.
+
+    Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
 
     Update rule, per parameter p with gradient g (η lr, λ weight_decay, t the param's step)::
 

@@ -110,7 +110,8 @@ class Adam(TorchOptimizer, FusedAdam):
                  weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
                  fused: bool | None = None, decoupled_weight_decay: bool = False):
-        self._init_torch(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+        betas = tuple(b.squeeze() if isinstance(b, Tensor) else b for b in betas)  # as torch: 0-dim Tensors
+        self._init_torch(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable, fused=fused,
                                       decoupled_weight_decay=decoupled_weight_decay))

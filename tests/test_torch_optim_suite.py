@@ -505,14 +505,29 @@ def test_sgd_without_momentum_keeps_no_state_like_torch():
 
 @pytest.mark.parametrize("name", ("Adam", "AdamW"))
 def test_capturable_is_accepted_and_changes_nothing_on_the_cpu(name):
+    """capturable=True (which also lifts torch's Tensor-lr-under-foreach refusal) steps exactly like
+    the default: the fused step needs no host value in either case."""
     runs = []
-    for capturable in (False, True):
+    for kwargs in (dict(), dict(capturable=True, foreach=True)):
         p = Parameter(torch.ones(4))
-        opt = OUR_INFOS[name].optim_cls([p], capturable=capturable, lr=torch.tensor(0.01), foreach=True
-                                        ) if capturable else OUR_INFOS[name].optim_cls([p], lr=torch.tensor(0.01))
+        opt = OUR_INFOS[name].optim_cls([p], lr=torch.tensor(0.01), **kwargs)
         for n in range(3):
             p.grad = torch.linspace(-1, 1, 4) * (n + 1)
             opt.step()
         runs.append(p.detach())
-        assert opt.param_groups[0]["capturable"] is capturable
+        assert opt.param_groups[0]["capturable"] is kwargs.get("capturable", False)
+        assert opt.implementation == "fused"
     assert torch.equal(*runs)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("name", ("Adam", "AdamW"))
+def test_tensor_betas_match_torch(name, fused):
+    """torch.optim.Adam's Tensor betas (any shape of one element) work as their values."""
+    # float64 Tensors: torch does its beta arithmetic (1 − β, β^t) in the Tensors' dtype, ours in
+    # Python floats of their values; float32 betas would differ by their own rounding (~1e-8).
+    betas = lambda: (torch.tensor([[[0.9]]], dtype=torch.float64), torch.tensor([[0.99]], dtype=torch.float64))  # noqa: E731
+    theirs, ours = _lockstep([lambda ps: TORCH_INFOS[name].optim_cls(ps, betas=betas(), foreach=False),
+                              lambda ps: OUR_INFOS[name].optim_cls(ps, betas=betas(), fused=fused)],
+                             torch.float64, _rtol(torch.float64))
+    assert [b.shape for b in ours.param_groups[0]["betas"]] == [b.shape for b in theirs.param_groups[0]["betas"]]
