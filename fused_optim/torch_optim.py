@@ -62,8 +62,8 @@ class TorchOptimizer(FusedOptimizer):
         super()._validate(group)
         if group.get("differentiable"):
             raise ValueError(
-                f"Invalid differentiable value: True ({type(self).__name__}'s kernels do not record an autograd "
-                f"graph through the update; use torch.optim.{type(self).__name__} for differentiable=True)"
+                f"Invalid differentiable value: True ({type(self).__name__} updates params under no_grad, in "
+                f"kernels autograd cannot see through; use torch.optim.{type(self).__name__} for differentiable=True)"
             )
 
     def _scalars(self, group: dict) -> dict:
