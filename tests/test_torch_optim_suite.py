@@ -217,17 +217,19 @@ def test_goes_right_direction_and_step_returns_the_closures_loss(name, cid, kwar
     x = torch.randn(5)
     opt = OUR_INFOS[name].optim_cls([weight, bias], **_fresh(kwargs))
 
+    losses = []
+
     def closure():
         opt.zero_grad()
         loss = (weight.mv(x) + bias).pow(2).sum()
         loss.backward()
+        losses.append(loss)
         return loss
 
     initial = closure().item()
     with pytest.warns(UserWarning, match="not contiguous") if not contiguous else _no_warning():
         for _ in range(20):
-            loss = opt.step(closure)
-            assert isinstance(loss, torch.Tensor) and loss.ndim == 0
+            assert opt.step(closure) is losses[-1]
     assert opt.implementation == ("fused" if contiguous else "reference")
     final = closure().item()
     assert final > initial if kwargs.get("maximize") else final < initial
@@ -526,7 +528,8 @@ def test_tensor_betas_match_torch(name, fused):
     """torch.optim.Adam's Tensor betas (any shape of one element) work as their values."""
     # float64 Tensors: torch does its beta arithmetic (1 − β, β^t) in the Tensors' dtype, ours in
     # Python floats of their values; float32 betas would differ by their own rounding (~1e-8).
-    betas = lambda: (torch.tensor([[[0.9]]], dtype=torch.float64), torch.tensor([[0.99]], dtype=torch.float64))  # noqa: E731
+    f64 = torch.float64
+    betas = lambda: (torch.tensor([[[0.9]]], dtype=f64), torch.tensor([[0.99]], dtype=f64))  # noqa: E731
     theirs, ours = _lockstep([lambda ps: TORCH_INFOS[name].optim_cls(ps, betas=betas(), foreach=False),
                               lambda ps: OUR_INFOS[name].optim_cls(ps, betas=betas(), fused=fused)],
                              torch.float64, _rtol(torch.float64))
@@ -535,7 +538,8 @@ def test_tensor_betas_match_torch(name, fused):
 
 # ---- names in LightningCLI (jsonargparse resolves --optimizer among all Optimizer subclasses) ---------------------
 def _cli_optimizer(value: str) -> str:
-    jsonargparse = pytest.importorskip("jsonargparse", reason="LightningCLI's parser: pip install 'fused-optim[lightning]'")
+    jsonargparse = pytest.importorskip("jsonargparse",
+                                       reason="LightningCLI's parser: pip install 'fused-optim[lightning]'")
     parser = jsonargparse.ArgumentParser(exit_on_error=False)
     parser.add_subclass_arguments(torch.optim.Optimizer, "optimizer", skip={"params"}, instantiate=False)
     return parser.parse_args([f"--optimizer={value}"]).optimizer.class_path
