@@ -109,13 +109,13 @@ def _assert_same_state(opt, params, ref_opt, ref_params, rtol, label):
     assert_pairs_close(names, actual, expected, rtol)
 
 
-# Tolerance of ours vs torch after 7 steps. Both compute the same formula per element, in a
-# different order (our kernels fold lr/bc1 and √bc2 into scalars and use fused multiply-adds;
+# Tolerance of ours vs torch after `steps` steps. Both compute the same formula per element, in
+# a different order (our kernels fold lr/bc1 and √bc2 into scalars and use fused multiply-adds;
 # torch's loop rounds each in-place op). Per step that is ~10 roundings of at most ½ ulp each,
-# i.e. ≤ 5 ulps of a tensor's scale, accumulating linearly over 7 steps to ≤ 35 ulps; Adam's
-# m/√v̂ divides two such values (relative errors add, ~1.5× for the square root): 64 ulps.
-def _rtol(dtype):
-    return 64 * torch.finfo(dtype).eps
+# i.e. ≤ 5 ulps of a tensor's scale; Adam's m/√v̂ divides two such values (relative errors add,
+# ×1.5 with the square root): ≤ 7.5, taken as 9 ulps per step, accumulating linearly.
+def _rtol(dtype, steps=7):
+    return 9 * steps * torch.finfo(dtype).eps
 
 
 # ---- every optim_inputs_func config: ours vs torch.optim --------------------------------------------------------
@@ -202,6 +202,7 @@ def test_signature_defaults_and_group_keys_are_torchs(name):
     ours, theirs = ours_cls([Parameter(torch.zeros(2))]), torch_cls([Parameter(torch.zeros(2))])
     assert ours.state_dict() == theirs.state_dict()
     assert ours.defaults == theirs.defaults
+    assert repr(ours) == repr(theirs)
 
 
 # ---- torch's direction test: the closure's loss goes the right way -------------------------------------------
@@ -455,6 +456,41 @@ def test_a_param_group_added_later_matches_torch(name, cid, kwargs):
         theirs.step()
         _assert_same_state(ours, pa, theirs, pb, _rtol(torch.float32), f"step {n}")
     assert ours.param_groups[1].keys() == theirs.param_groups[1].keys()
+
+
+SCHEDULES = [(name, i) for name in NAMES for i in range(len(TORCH_INFOS[name].scheduler_inputs))]
+
+
+@pytest.mark.parametrize("name, i", SCHEDULES, ids=[f"{n}-schedule{i}" for n, i in SCHEDULES])
+def test_lr_schedulers_and_per_group_lr_match_torch(name, i):
+    """Each of the entry's scheduler_inputs drives ours and torch's (two groups, the second with
+    its own lr) over 12 closure steps; ReduceLROnPlateau is fed the loss, as torch's test does."""
+    steps, x = 12, torch.randn(5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    runs = []
+    for cls in (TORCH_INFOS[name].optim_cls, OUR_INFOS[name].optim_cls):
+        gen = torch.Generator().manual_seed(1)
+        weight = Parameter(torch.randn(10, 5, dtype=torch.float64, generator=gen))
+        bias = Parameter(torch.randn(10, dtype=torch.float64, generator=gen))
+        opt = cls([{"params": [weight]}, {"params": [bias], "lr": 1e-2}], lr=1e-3)
+        schedulers = [make(opt) for make in TORCH_INFOS[name].scheduler_inputs[i]]
+        runs.append((opt, schedulers, [weight, bias]))
+    for step in range(steps):
+        for opt, schedulers, (weight, bias) in runs:
+            def closure():
+                opt.zero_grad()
+                loss = (weight.mv(x) + bias).pow(2).sum()
+                loss.backward()
+                return loss
+
+            loss = opt.step(closure)
+            for sched in schedulers:
+                if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                    sched.step(loss.item())
+                else:
+                    sched.step()
+        (theirs, _, tp), (ours, _, op) = runs
+        assert [g["lr"] for g in ours.param_groups] == [g["lr"] for g in theirs.param_groups]
+        _assert_same_state(ours, op, theirs, tp, _rtol(torch.float64, steps), f"step {step}")
 
 
 @pytest.mark.parametrize("name", NAMES)
