@@ -94,6 +94,12 @@ class SGD(TorchOptimizer, FusedSGD):
                                       nesterov=nesterov, maximize=maximize, foreach=foreach,
                                       differentiable=differentiable, fused=fused))
 
+    def _validate(self, group: dict) -> None:
+        if isinstance(group["weight_decay"], Tensor):
+            raise ValueError(f"Invalid weight_decay value: {group['weight_decay']!r} (a Tensor weight_decay is not "
+                             "supported here; pass float(weight_decay))")
+        super()._validate(group)
+
 
 class Adam(TorchOptimizer, FusedAdam):
     r"""Drop-in for ``torch.optim.Adam`` (torch's signature, defaults, group keys and state).

@@ -194,6 +194,12 @@ def test_torch_cuda_only_flag_conflicts_raise_torchs_errors_on_cpu_too(name):
         cls(p, differentiable=True)
 
 
+def test_a_tensor_weight_decay_is_refused_clearly():
+    """torch 2.13's SGD also takes a Tensor weight_decay; ours says to pass a number."""
+    with pytest.raises(ValueError, match=r"Invalid weight_decay value: tensor\(0\.1000\).*float\(weight_decay\)"):
+        fused_optim.SGD([Parameter(torch.zeros(2))], weight_decay=torch.tensor(0.1))
+
+
 # ---- signatures and defaults ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", NAMES)
 def test_signature_defaults_and_group_keys_are_torchs(name):
