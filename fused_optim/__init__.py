@@ -1,7 +1,8 @@
 """fused_optim: fast PyTorch optimizers with fused C++ (CPU) kernels built on first use.
 
     import fused_optim
-    opt = fused_optim.FusedAdam(model.parameters(), lr=1e-3)          # AdamW by default
+    opt = fused_optim.AdamW(model.parameters())                       # torch.optim.AdamW, fused
+    opt = fused_optim.FusedAdam(model.parameters(), lr=1e-3)          # apex's: AdamW by default
     opt = fused_optim.create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9)
 
 See README.md for the algorithms, the ``fused`` flag and the environment variables.
@@ -19,8 +20,11 @@ from .registry import create_optimizer, list_optimizers
 from .sgd import FusedSGD
 from .sign_sgd import SignSGD
 from .sparsified_sgd import SparsifiedSGD
+from .torch_optim import SGD, Adam, AdamW
 
 __all__ = [
+    "Adam",
+    "AdamW",
     "AdaScale",
     "LARS",
     "FusedAdam",
@@ -29,6 +33,7 @@ __all__ = [
     "FusedSGD",
     "Lamb",
     "Lars",
+    "SGD",
     "SignSGD",
     "SparsifiedSGD",
     "build_error",

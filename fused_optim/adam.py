@@ -18,7 +18,11 @@ def init_moments(p, state: dict) -> None:
 
 
 class FusedAdam(FusedOptimizer):
-    r"""Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
+    r"""apex/ColossalAI ``FusedAdam``: their signature and defaults (AdamW by default with
+    ``weight_decay=0``, ``adam_w_mode``, ``bias_correction``). For ``torch.optim.Adam`` /
+    ``AdamW``'s use :class:`Adam` / :class:`AdamW`.
+
+    Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
 
     Update rule, per parameter p with gradient g (η lr, λ weight_decay, t the param's step)::
 
@@ -89,7 +93,7 @@ class FusedAdam(FusedOptimizer):
         ), ()
 
     def _scalars(self, group: dict) -> dict:
-        beta1, beta2 = group["betas"]
+        beta1, beta2 = (float(beta) for beta in group["betas"])  # torch.optim.Adam also takes Tensor betas
         return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
                     weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
                     decoupled=group["decoupled_weight_decay"], maximize=group["maximize"],

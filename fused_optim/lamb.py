@@ -25,7 +25,9 @@ class _LambBase(FusedOptimizer):
 
 
 class FusedLAMB(_LambBase):
-    r"""LAMB (You et al., "Large Batch Optimization for Deep Learning", 2019), fused per group.
+    r"""apex/ColossalAI ``FusedLAMB``: their signature and defaults (also timm ``Lamb``'s options).
+
+    LAMB (You et al., "Large Batch Optimization for Deep Learning", 2019), fused per group.
 
     Update rule (η lr, λ weight_decay, t the param's step, ‖·‖ the L2 norm of a whole tensor)::
 

@@ -62,7 +62,7 @@ def check_lr(lr: Any) -> None:
     read it when they run, so a scheduler may change it in place and a CUDA graph replays it."""
     if isinstance(lr, Tensor):
         check_range("learning rate", lr, lr.numel() == 1 and lr.is_floating_point(),
-                    "a Tensor lr must be a one-element floating tensor")
+                    "Tensor lr must be 1-element and floating point")
         check_range("learning rate", lr, float(lr) >= 0.0, "lr must be >= 0")
         return
     check_range("learning rate", lr, isinstance(lr, (int, float)) and lr >= 0.0, "lr must be a float >= 0")
@@ -286,13 +286,13 @@ class FusedOptimizer(torch.optim.Optimizer):
         for i, (p, g) in enumerate(zip(group["params"], grads)):
             if g is None:
                 continue
-            state = self.state.get(p)
-            if state is None:  # not self.state[p]: dynamo cannot trace our __missing__
-                state = self.state[p] = {}
+            state = self.state.get(p, {})  # not self.state[p]: dynamo cannot trace our __missing__
             before = set(state)
             self._init_state(p, state, group)
             if len(state) != len(before):
                 plan.created.append((state, [k for k in state if k not in before]))
+                if p not in self.state:  # as torch.optim: a param without state tensors has no entry
+                    self.state[p] = state
             _place_step(p, state)
             kind = p.device.type
             if kind not in kernels:
@@ -304,7 +304,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         fresh_ids = {id(state) for state, _ in plan.created}
         for (_, dtype, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
-            states = [self.state[p] for p in params]
+            states = [self.state.get(p, {}) for p in params]
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))

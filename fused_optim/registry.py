@@ -1,7 +1,9 @@
 """Optimizers by name: ``create_optimizer("adamw", model.parameters(), lr=1e-3)``.
 
-Each entry is a class plus the defaults that make the named variant (``"adam"`` is FusedAdam
-with ``adam_w_mode=False``), so a variant is an entry, never a new class. The framework adapters
+Each entry is a class plus the defaults that make the named variant (``"nvlamb"`` is FusedLAMB
+with ``use_nvlamb=True``), so a variant is an entry, never a new class. ``sgd`` / ``adam`` /
+``adamw`` are the torch.optim drop-ins (torch's signatures and defaults), ``fused_sgd`` /
+``fused_adam`` / ``fused_lamb`` the apex/ColossalAI ones. The framework adapters
 read this table, so an optimizer added here needs no adapter change.
 """
 
@@ -17,6 +19,7 @@ from .lars import LARS, Lars
 from .sgd import FusedSGD
 from .sign_sgd import SignSGD
 from .sparsified_sgd import SparsifiedSGD
+from .torch_optim import SGD, Adam, AdamW
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,10 @@ def list_optimizers() -> list[str]:
 
 
 for _spec in (
-    OptimizerSpec("sgd", FusedSGD, {}, "torch.optim.SGD semantics"),
+    OptimizerSpec("sgd", SGD, {}, "torch.optim.SGD: its signature and defaults"),
     OptimizerSpec("fused_sgd", FusedSGD, {}, "apex/ColossalAI FusedSGD"),
-    OptimizerSpec("adam", FusedAdam, {"adam_w_mode": False}, "torch.optim.Adam (L2 weight decay)"),
-    OptimizerSpec("adamw", FusedAdam, {"adam_w_mode": True}, "torch.optim.AdamW (decoupled weight decay)"),
+    OptimizerSpec("adam", Adam, {}, "torch.optim.Adam: its signature and defaults (L2 weight decay)"),
+    OptimizerSpec("adamw", AdamW, {}, "torch.optim.AdamW: its signature and defaults (weight_decay=1e-2)"),
     OptimizerSpec("fused_adam", FusedAdam, {}, "apex/ColossalAI FusedAdam (AdamW by default)"),
     OptimizerSpec("lamb", FusedLAMB, {}, "LAMB as apex/ColossalAI FusedLAMB and timm Lamb"),
     OptimizerSpec("fused_lamb", FusedLAMB, {}, "apex/ColossalAI FusedLAMB"),

@@ -38,7 +38,10 @@ class MomentumOptimizer(FusedOptimizer):
 
 
 class FusedSGD(MomentumOptimizer):
-    r"""Stochastic gradient descent with momentum, fused over all tensors of a param group.
+    r"""apex/ColossalAI ``FusedSGD``: their signature and defaults (``lr`` required,
+    ``set_grad_none=False``, ``wd_after_momentum``). For ``torch.optim.SGD``'s use :class:`SGD`.
+
+    Stochastic gradient descent with momentum, fused over all tensors of a param group.
 
     Update rule, per parameter p with gradient g (λ weight_decay, μ momentum, d dampening, η lr)::
 

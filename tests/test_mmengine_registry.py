@@ -6,10 +6,14 @@ import sys
 import textwrap
 
 import mmengine.registry as root
+import pytest
+import torch
 
 import fused_optim
 import mmengine_optim
 from mmengine_optim import register_optimizers
+
+TORCH_NAMES = ("SGD", "Adam", "AdamW")
 
 
 def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
@@ -18,7 +22,9 @@ def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
         assert root.OPTIMIZERS.get(f"mmengine_optim.{spec.cls.__name__}") is spec.cls
         assert root.OPTIMIZERS.get(f"mmengine_optim.{name}").entry == name
         assert root.OPTIMIZERS.get(name).entry == name
-        if spec.cls.__name__ != "FusedAdam":
+        if spec.cls.__name__ in TORCH_NAMES:  # bare SGD/Adam/AdamW stay torch.optim's
+            assert root.OPTIMIZERS.get(spec.cls.__name__) is getattr(torch.optim, spec.cls.__name__)
+        elif spec.cls.__name__ != "FusedAdam":
             assert root.OPTIMIZERS.get(spec.cls.__name__) is spec.cls
     assert "FusedAdam" not in root.OPTIMIZERS.module_dict  # DeepSpeedStrategy registers it without force
     assert root.OPTIM_WRAPPERS.get("AdaScaleOptimWrapper") is mmengine_optim.AdaScaleOptimWrapper
@@ -75,3 +81,13 @@ def test_bare_names_after_custom_imports(tmp_path):
         print(type(opt).__module__, type(opt).__name__)
     """)
     assert out.split()[-2:] == ["fused_optim.lamb", "FusedLAMB"]
+
+
+@pytest.mark.parametrize("name", TORCH_NAMES)
+def test_torch_names_are_ours_only_in_our_scope(name):
+    from mmengine.registry import DefaultScope
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    assert type(root.OPTIMIZERS.build(dict(type=f"mmengine_optim.{name}", params=p))) is getattr(fused_optim, name)
+    assert type(root.OPTIMIZERS.build(dict(type=name, params=p))) is getattr(torch.optim, name)
+    with DefaultScope.overwrite_default_scope("mmengine_optim"):  # a config with default_scope='mmengine_optim'
+        assert type(root.OPTIMIZERS.build(dict(type=name, params=p))) is getattr(fused_optim, name)

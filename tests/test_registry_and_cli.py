@@ -17,10 +17,16 @@ def test_names_create_the_right_variant():
     p = [torch.nn.Parameter(torch.zeros(2))]
     assert {"sgd", "fused_sgd", "adam", "adamw", "fused_adam"} <= set(list_optimizers())
     adam = create_optimizer("Adam", p, lr=0.1)
-    assert isinstance(adam, fused_optim.FusedAdam) and adam.defaults["decoupled_weight_decay"] is False
-    assert create_optimizer("adamw", p).defaults["decoupled_weight_decay"] is True
-    sgd = create_optimizer("sgd", p, lr=0.1, momentum=0.9)
-    assert isinstance(sgd, fused_optim.FusedSGD) and sgd.defaults["momentum"] == 0.9
+    assert type(adam) is fused_optim.Adam and adam.defaults["decoupled_weight_decay"] is False
+    adamw = create_optimizer("adamw", p)
+    assert type(adamw) is fused_optim.AdamW
+    assert {k: adamw.defaults[k] for k in ("decoupled_weight_decay", "weight_decay")} == {
+        "decoupled_weight_decay": True, "weight_decay": 1e-2}  # torch.optim.AdamW's defaults
+    sgd = create_optimizer("sgd", p, momentum=0.9)
+    assert type(sgd) is fused_optim.SGD and sgd.defaults["momentum"] == 0.9 and sgd.defaults["lr"] == 1e-3
+    for name, cls in (("fused_sgd", "FusedSGD"), ("fused_adam", "FusedAdam"), ("fused_lamb", "FusedLAMB")):
+        assert type(create_optimizer(name, p, lr=0.1)) is getattr(fused_optim, cls)  # apex's signatures
+    assert create_optimizer("fused_adam", p).defaults["weight_decay"] == 0.0  # apex FusedAdam's default
 
 
 @pytest.mark.parametrize("name, cls, expected", [

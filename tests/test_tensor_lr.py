@@ -53,8 +53,8 @@ def test_a_tensor_lr_follows_a_scheduler_like_a_float_lr(cls, kw):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("lr, match", [(torch.tensor([0.1, 0.2]), "one-element floating"),
-                                       (torch.tensor(1), "one-element floating"),
+@pytest.mark.parametrize("lr, match", [(torch.tensor([0.1, 0.2]), "Tensor lr must be 1-element and floating"),
+                                       (torch.tensor(1), "Tensor lr must be 1-element and floating"),
                                        (torch.tensor(-0.1), "lr must be >= 0")])
 def test_a_bad_tensor_lr_is_refused(lr, match):
     with pytest.raises(ValueError, match=f"Invalid learning rate.*{match}"):
