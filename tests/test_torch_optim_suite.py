@@ -594,9 +594,9 @@ def test_lightning_cli_class_paths_pick_torchs_or_ours(name):
     assert _cli_optimizer(f"fused_optim.{name}") == f"fused_optim.{name}"
 
 
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="with fused_optim imported, jsonargparse finds two Optimizer subclasses named AdamW "
-                          "(torch.optim.AdamW, fused_optim.AdamW) and refuses the short name; lightning_optim "
-                          "does not yet make the short names resolve to torch.optim's")
-def test_lightning_cli_short_name_stays_torchs():
-    assert _cli_optimizer("AdamW") == "torch.optim.AdamW"
+@pytest.mark.parametrize("name", NAMES)
+def test_lightning_cli_short_name_is_refused_naming_both_class_paths(name):
+    """Two Optimizer subclasses share the short name once fused_optim is imported: jsonargparse
+    refuses it and names both full paths (the README says to give one)."""
+    with pytest.raises(Exception, match=f"Multiple subclasses with name {name}.*torch.optim.{name}.*fused_optim.{name}"):
+        _cli_optimizer(name)
