@@ -213,8 +213,9 @@ def _cpu_build_args(directory: Path) -> dict:
     """Stage the CPU sources in ``directory``; cpp_extension.load's arguments for them."""
     src = stage_sources("cpu", directory)
     units = translation_units(sorted(str(p) for p in (src / "cpu").glob("*.cpp")), directory / "units")
-    return dict(sources=units, extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, extra_include_paths=[str(src / "cpu")],
-                with_cuda=False)
+    # Copies of the flag lists: cpp_extension.load appends torch's libraries to extra_ldflags.
+    return dict(sources=units, extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                extra_include_paths=[str(src / "cpu")], with_cuda=False)
 
 
 def _cuda_build_args(directory: Path) -> dict:
@@ -223,7 +224,8 @@ def _cuda_build_args(directory: Path) -> dict:
         raise RuntimeError("error: torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
     src = stage_sources("cuda", directory)
     sources = [*sorted(str(p) for p in (src / "cuda").glob("*.cu")), str(src / CUDA_BINDING.relative_to(CSRC))]
-    return dict(sources=sources, extra_cflags=CUDA_JIT_FLAGS, extra_cuda_cflags=CUDA_JIT_FLAGS, with_cuda=True)
+    return dict(sources=sources, extra_cflags=list(CUDA_JIT_FLAGS), extra_cuda_cflags=list(CUDA_JIT_FLAGS),
+                with_cuda=True)
 
 
 @dataclass
