@@ -72,6 +72,7 @@ SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 MANIFEST = "fused_optim_manifest.json"  # name -> [size, sha256] of each build output
 LOCK = "fused_optim.lock"  # flock'ed while building or loading; holds its owner's pid and host
 CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton: exists while it builds)
+CPUINFO = Path("/proc/cpuinfo")
 
 _lock = threading.Lock()
 
@@ -172,10 +173,10 @@ def translation_units(sources: list[str], directory: Path) -> list[str]:
 
 
 def _cpuinfo_field(*keys: str) -> str | None:
-    """The value of the first line of /proc/cpuinfo whose key is one of ``keys`` (None: none, or
-    no /proc/cpuinfo)."""
+    """The value of the first line of ``CPUINFO`` whose key is one of ``keys`` (None: none, or no
+    such file)."""
     try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        lines = CPUINFO.read_text().splitlines()
     except OSError:
         return None
     for line in lines:
