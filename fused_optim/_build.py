@@ -25,10 +25,11 @@ failed rebuild raises :class:`BuildError`, which ``fused=None`` turns into one w
 reference implementation.
 
 Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` in its
-build directory; the kernel releases it when its holder dies. A process that finds it held says
-so and waits. cpp_extension's own lock file (``CPP_EXTENSION_LOCK``) is never released by a
-killed build and would make every later process wait forever; found while holding the flock, it
-can only be such a leftover, so it is removed.
+build directory; the kernel releases it when its holder dies. A process that waits for it longer
+than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. cpp_extension's
+own lock file (``CPP_EXTENSION_LOCK``) is never released by a killed build and would make every
+later process wait forever; found while holding the flock, it can only be such a leftover, so it
+is removed.
 
 Messages: one line on stderr each when a build starts (what, where, that it is one-time), when
 waiting for another process's build, and when removing a stale lock; a cached load prints
@@ -73,6 +74,7 @@ MANIFEST = "fused_optim_manifest.json"  # name -> [size, sha256] of each build o
 LOCK = "fused_optim.lock"  # flock'ed while building or loading; holds its owner's pid and host
 CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton: exists while it builds)
 CPUINFO = Path("/proc/cpuinfo")
+QUIET_WAIT_SECONDS = 5.0  # a wait for the build lock shorter than this is not reported
 
 _lock = threading.Lock()
 
@@ -313,14 +315,26 @@ def _build_and_load(lib: _Library, name: str, directory: Path, lock: int) -> Non
     write_manifest(directory, name)
 
 
-def _lock_exclusively(fd: int, what: str) -> None:
-    """flock ``fd``; if another process holds it, say whose it is and wait. Record our pid and host."""
+def _try_flock(fd: int) -> bool:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
-        _say(f"waiting for {owner}, which is building or loading the {what}")
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        return False
+    return True
+
+
+def _lock_exclusively(fd: int, what: str) -> None:
+    """flock ``fd``, waiting for its holder; when that takes longer than a cached load does
+    (``QUIET_WAIT_SECONDS``: concurrent DDP ranks loading one build wait silently), say whose
+    build we wait for first. Record our pid and host for the next waiter."""
+    deadline = time.monotonic() + QUIET_WAIT_SECONDS
+    while not _try_flock(fd):
+        if time.monotonic() > deadline:
+            owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+            _say(f"waiting for {owner}, which is building or loading the {what}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            break
+        time.sleep(0.1)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
 

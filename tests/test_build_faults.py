@@ -15,6 +15,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -231,6 +232,23 @@ def test_a_live_builders_lock_is_waited_for(cache):
         proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     assert announcements(stderr) == [] and Path(stdout.split()[-1]) == directory
+
+
+def test_a_short_wait_for_the_lock_is_silent(monkeypatch, tmp_path, capsys):
+    """DDP ranks loading one cached build take turns without a word."""
+    monkeypatch.setattr(_build, "QUIET_WAIT_SECONDS", LOAD_TIMEOUT)
+    holder = os.open(tmp_path / _build.LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(0.5, os.close, [holder])
+    release.start()
+    waiter = os.open(tmp_path / _build.LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        _build._lock_exclusively(waiter, "CPU kernels")
+        assert os.pread(waiter, 256, 0).decode().startswith(f"pid {os.getpid()} on ")
+    finally:
+        os.close(waiter)
+        release.join()
+    assert capsys.readouterr().err == ""
 
 
 def test_an_unusable_extensions_dir_falls_back_with_one_warning_naming_it(tmp_path):
