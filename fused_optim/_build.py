@@ -10,11 +10,11 @@ The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library
 Cache key. The extension name, and with it the build directory, carries a CPU-ISA tag and the
 torch version (CPU; a ``-march=native`` build made on one CPU, or for one torch, is never loaded
 on another), or the torch and CUDA versions (CUDA; cpp_extension compiles for the visible GPUs'
-architectures, or TORCH_CUDA_ARCH_LIST), and a hash of the sources' content and the compiler
-flags (:func:`content_tag`). ninja compiles copies of the sources staged in the build directory
-(:func:`stage_sources`), each rewritten only when its content differs. So a reinstall that
-rewrites identical sources (new mtimes) loads the cached build, editing a source builds anew
-under a new name, and source trees with the same content share one build.
+architectures, or TORCH_CUDA_ARCH_LIST), and a hash of the sources' content, the compiler flags
+and the headers' location (:func:`content_tag`). ninja compiles copies of the sources staged in
+the build directory (:func:`stage_sources`), each rewritten only when its content differs. So a
+reinstall that rewrites identical sources (new mtimes) loads the cached build, editing a source
+builds anew under a new name, and source trees with the same content share one build.
 
 Integrity. After a successful build and load, a manifest (``MANIFEST``) records the size and
 SHA-256 of each build output (the library and the objects). Before each build or load, every
@@ -55,6 +55,7 @@ import os
 import platform
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from dataclasses import dataclass
@@ -117,13 +118,15 @@ def source_files(kind: str) -> list[Path]:
 
 
 def content_tag(kind: str, flags: list[str]) -> str:
-    """A short hash of the relative paths and bytes of :func:`source_files` and of ``flags``:
-    equal exactly when a build would compile the same text the same way (mtimes do not count)."""
+    """A short hash of what a build compiles and how: the relative paths and bytes of
+    :func:`source_files`, ``flags``, and where the torch and Python headers are (two installations,
+    e.g. two venvs, share no build, so neither recompiles the other's). Mtimes do not count."""
     digest = hashlib.sha256()
     for rel in source_files(kind):
         data = (CSRC / rel).read_bytes()
         digest.update(f"{rel.as_posix()}\0{len(data)}\0".encode() + data)
-    digest.update("\0".join(flags).encode())
+    headers = [str(Path(torch.__file__).parent), sysconfig.get_path("include") or ""]
+    digest.update("\0".join([*flags, "|", *headers]).encode())
     return digest.hexdigest()[:8]
 
 

@@ -109,7 +109,7 @@ def test_a_reinstall_of_identical_sources_loads_the_cached_build_silently(cache,
     assert library(directory).stat().st_mtime_ns == before  # not relinked
 
 
-def test_editing_a_source_or_a_flag_changes_the_extension_name(monkeypatch, tmp_path):
+def test_editing_a_source_or_a_flag_or_another_installation_changes_the_extension_name(monkeypatch, tmp_path):
     """A new name is a new, empty build directory: an edit always builds."""
     names = lambda: (_build.extension_name(), _build.cuda_extension_name())  # noqa: E731
     original = names()
@@ -122,8 +122,11 @@ def test_editing_a_source_or_a_flag_changes_the_extension_name(monkeypatch, tmp_
     assert cpu_edit != original[0] and cuda_edit != original[1]  # both include csrc/shared
     (_build.CSRC / "cpu" / "adam.cpp").write_text((_build.CSRC / "cpu" / "adam.cpp").read_text() + "// edited\n")
     assert names()[0] != cpu_edit and names()[1] == cuda_edit
+    edited = names()
     monkeypatch.setattr(_build, "CFLAGS", [*_build.CFLAGS, "-DEXTRA"])
-    assert names()[0] not in (original[0], cpu_edit)
+    assert names()[0] != edited[0]
+    monkeypatch.setattr(_build.sysconfig, "get_path", lambda *args, **kwargs: "/another/venv/include/python3")
+    assert set(names()).isdisjoint(edited)  # another installation: its own build
 
 
 @pytest.mark.parametrize("damage", ["truncated", "zeroed"])
