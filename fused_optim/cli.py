@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(fn=cmd_bench)
     demo = sub.add_parser("demo", help="AdaScale vs a small-batch baseline and linear lr scaling on digits: "
                                        "table and plot")
-    demo.add_argument("--quick", action="store_true", help="a 5× shorter budget (a smoke run, ~30 s)")
+    demo.add_argument("--quick", action="store_true", help="a 5× shorter budget (a smoke run)")
     demo.add_argument("--scales", nargs="+", type=int, default=[4, 8], metavar="S",
                       help="batch scales, each dividing the budget (default: 4 8; the smallest even one also runs "
                            "as 2-process DDP)")

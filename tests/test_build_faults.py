@@ -227,11 +227,12 @@ def test_a_live_builders_lock_is_waited_for(cache):
                                   f"the CPU kernels in {directory}"), message
         assert proc.poll() is None  # it cannot get past the flock this test holds
         baton.unlink()  # the builder finishes
-    finally:
         os.close(fd)
-    try:
+        fd = None
         stdout, stderr = proc.communicate(timeout=LOAD_TIMEOUT)
     finally:
+        if fd is not None:
+            os.close(fd)
         proc.kill()
     assert proc.returncode == 0, stderr[-3000:]
     assert announcements(stderr) == [] and Path(stdout.split()[-1]) == directory
