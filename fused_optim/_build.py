@@ -374,10 +374,13 @@ def _read_manifest(directory: Path) -> dict:
 
 
 def write_manifest(directory: Path, name: str) -> None:
-    """Record the fingerprints of the outputs of a build that just loaded (written atomically)."""
-    tmp = directory / f"{MANIFEST}.{os.getpid()}"
-    tmp.write_text(json.dumps({p.name: _fingerprint(p) for p in _outputs(directory, name)}))
-    os.replace(tmp, directory / MANIFEST)
+    """Record the fingerprints of the outputs of a build that just loaded (atomically; not at all
+    when the manifest holds them already, as after a cached load)."""
+    fingerprints = {p.name: _fingerprint(p) for p in _outputs(directory, name)}
+    if _read_manifest(directory) != fingerprints:
+        tmp = directory / f"{MANIFEST}.{os.getpid()}"
+        tmp.write_text(json.dumps(fingerprints))
+        os.replace(tmp, directory / MANIFEST)
 
 
 def remove_unverified_outputs(directory: Path, name: str) -> list[str]:
