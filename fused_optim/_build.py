@@ -351,6 +351,7 @@ def _remove_stale_cpp_extension_lock(directory: Path) -> None:
 
 
 def library_path(directory: Path, name: str) -> Path:
+    """The library cpp_extension links for the extension ``name`` in ``directory``."""
     from torch.utils.cpp_extension import LIB_EXT
 
     return directory / f"{name}{LIB_EXT}"
@@ -402,6 +403,7 @@ def manifest_vouches_for_all(directory: Path) -> bool:
 
 
 def unusable_directory_message(exc: OSError) -> str:
+    """The BuildError text for a build directory that cannot be created, locked or written."""
     return (f"fused_optim cannot use its build cache directory {extensions_root()} ({type(exc).__name__}: {exc}). "
             "Set TORCH_EXTENSIONS_DIR to a writable directory, or pass fused=False to use the pure-PyTorch "
             "implementation instead.")
