@@ -13,6 +13,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -185,17 +186,34 @@ def test_a_failed_rebuild_of_a_damaged_library_falls_back_with_one_warning(cache
     assert repaired.returncode == 0 and verified(directory), repaired.stderr[-3000:]
 
 
-def test_a_lock_left_by_a_killed_build_is_removed_and_the_load_recovers(cache):
-    """cpp_extension's lock file outlives a SIGKILLed or SIGTERMed build; waiting for it would never end."""
+def test_a_build_killed_mid_way_leaves_a_lock_the_next_load_recovers_from(cache, tmp_path):
+    """A build SIGKILLed (as a scheduler does, with its process group) while it holds cpp_extension's
+    lock file leaves that file; waiting for it would never end. Here the build is a relink (the
+    library was damaged) whose compiler never returns, so the kill lands inside the lock."""
     root, directory, _ = cache
     baton = directory / _build.CPP_EXTENSION_LOCK
-    baton.touch()
-    (directory / _build.LOCK).write_text("pid 999999 on a-killed-host")  # the dead owner's record
-    out = run_python(LOAD, root)
+    hanging = tmp_path / "c++"
+    hanging.write_text("#!/bin/sh\nexec sleep 3600\n")
+    hanging.chmod(0o755)
+    damage(library(directory), "zeroed")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "CXX": str(hanging)}
+    build = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        while not baton.exists() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert baton.exists(), "the build never took cpp_extension's lock"
+    finally:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
+    assert baton.exists()  # what the killed build leaves
+    out = run_python(LOAD, root)  # a relink; before: it waited on the lock file forever
     assert out.returncode == 0, out.stderr[-3000:]
-    (message,) = announcements(out.stderr)
-    assert message == f"fused_optim: removing the stale lock {baton} left by a build that was killed"
-    assert not baton.exists()
+    stale, building = announcements(out.stderr)
+    assert stale == f"fused_optim: removing the stale lock {baton} left by a build that was killed"
+    assert "building the CPU kernels" in building
+    assert not baton.exists() and verified(directory)
 
 
 def read_announcement(stream, timeout: float) -> str:
