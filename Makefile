@@ -26,8 +26,8 @@ test: install
 	$(VENV)/bin/pytest -q --durations=15
 
 # `make demo DEMO_ARGS="--quick --framework mmengine"` passes options to `fused-optim demo`.
-# The build first (a reinstall rewrites the sources, so the kernels are rebuilt once): the demo's
-# wall times then show training only.
+# The build first (a no-op when the cache holds a build of the same sources): the demo's wall times
+# then show training only.
 demo: install
 	$(VENV)/bin/fused-optim build
 	$(VENV)/bin/fused-optim demo $(DEMO_ARGS)

@@ -3,15 +3,42 @@
 Nothing is compiled at import. The first fused step (or :func:`load`, ``fused-optim build``)
 compiles ``csrc/cpu/*.cpp`` (grouped into one translation unit per core, see
 :func:`translation_units`) with ``torch.utils.cpp_extension.load`` into a library that only
-registers op implementations (no pybind). cpp_extension provides the file lock between processes
-and rebuilds when sources or flags change; the result is cached under ``TORCH_EXTENSIONS_DIR``.
+registers op implementations (no pybind); the result is cached under ``TORCH_EXTENSIONS_DIR``.
 The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library, built by
 ``load("cuda")`` — the first fused step on a CUDA tensor — and only when ``torch.cuda.is_available()``.
 
-The CPU extension name carries a CPU-ISA tag and the torch version, so a ``-march=native`` build
-made on one CPU (or for one torch) is never loaded on another; the CUDA one carries the torch and
-CUDA versions (cpp_extension compiles for the visible GPUs' architectures, or TORCH_CUDA_ARCH_LIST).
-Both carry a hash of the sources' location (:func:`tree_tag`).
+Cache key. The extension name, and with it the build directory, carries a CPU-ISA tag and the
+torch version (CPU; a ``-march=native`` build made on one CPU, or for one torch, is never loaded
+on another), or the torch and CUDA versions (CUDA; cpp_extension compiles for the visible GPUs'
+architectures, or TORCH_CUDA_ARCH_LIST), and a hash of the sources' content, the compiler flags
+and the headers' location (:func:`content_tag`). ninja compiles copies of the sources staged in
+the build directory (:func:`stage_sources`), each rewritten only when its content differs. So a
+reinstall that rewrites identical sources (new mtimes) loads the cached build, editing a source
+builds anew under a new name, and source trees with the same content share one build.
+
+Integrity. After a successful build and load, a manifest (``MANIFEST``) records the size and
+SHA-256 of each build output (the library and the objects). Before each build or load, every
+output the manifest does not vouch for (truncated or zeroed on disk, left by a killed build, or
+no manifest at all) is deleted, so ninja remakes it: a damaged library is never loaded (loading
+one can kill the process with SIGBUS, and ninja, going by mtimes, would not rebuild it). A
+failed rebuild raises :class:`BuildError`, which ``fused=None`` turns into one warning and the
+reference implementation.
+
+Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` in its
+build directory; the kernel releases it when its holder dies. A process that waits for it longer
+than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. cpp_extension's
+own lock file (``CPP_EXTENSION_LOCK``) is never released by a killed build and would make every
+later process wait forever; found while holding the flock, it can only be such a leftover, so it
+is removed.
+
+Messages: one line on stderr each when a build starts (what, where, that it is one-time), when
+waiting for another process's build, and when removing a stale lock; a cached load prints
+nothing. stderr rather than ``warnings`` or ``logging``: these report progress, not a problem, and
+must be seen by default — a warnings filter (``-W error``, pytest's) could hide them or turn them
+into exceptions, and an unconfigured logger drops INFO.
+
+A build directory that cannot be created, locked or written (a read-only or invalid
+``TORCH_EXTENSIONS_DIR``) raises :class:`BuildError` naming the directory and the fix.
 
 Environment:
     TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
@@ -21,12 +48,19 @@ Environment:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
 import os
 import platform
+import socket
+import sys
+import sysconfig
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -35,10 +69,15 @@ from . import _ops  # noqa: F401  (schemas must exist before the library registe
 CSRC = Path(__file__).parent / "csrc"
 CFLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
+CUDA_JIT_FLAGS = ["-O3"]  # the JIT build's host and nvcc flags (cpp_extension picks the architectures)
+SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
+MANIFEST = "fused_optim_manifest.json"  # name -> [size, sha256] of each build output
+LOCK = "fused_optim.lock"  # flock'ed while building or loading; holds its owner's pid and host
+CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton: exists while it builds)
+CPUINFO = Path("/proc/cpuinfo")
+QUIET_WAIT_SECONDS = 5.0  # a wait for the build lock shorter than this is not reported
 
 _lock = threading.Lock()
-_state: dict = {"loaded": False, "error": None, "seconds": None}
-_cuda_state: dict = {"loaded": False, "error": None, "seconds": None}
 
 
 class BuildError(RuntimeError):
@@ -52,8 +91,8 @@ def cpu_sources() -> list[str]:
 # The CUDA kernels (csrc/cuda/*.cu) need only CUDA headers, so they compile without a GPU and
 # without torch: the compile check builds them for every architecture we target, warnings as
 # errors, with the language level and half/bfloat16 macros cpp_extension's JIT build uses. The JIT
-# build adds only -O3 (cpp_extension picks the architectures). `--threads 0`: one thread per core
-# for the architectures' compilations.
+# build adds only CUDA_JIT_FLAGS. `--threads 0`: one thread per core for the architectures'
+# compilations.
 CUDA_ARCHS = ("80", "90")
 NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra", "--threads", "0",
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
@@ -71,122 +110,303 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
     return [nvcc, *NVCC_FLAGS, *COMMON_NVCC_FLAGS, "-c", source, "-o", output]
 
 
+def source_files(kind: str) -> list[Path]:
+    """The files a build of ``kind`` ("cpu" or "cuda") reads, relative to ``CSRC``: those under
+    ``csrc/<kind>`` and ``csrc/shared``."""
+    return sorted(p.relative_to(CSRC) for folder in (kind, "shared") for p in (CSRC / folder).rglob("*")
+                  if p.suffix in SOURCE_SUFFIXES)
+
+
+def content_tag(kind: str, flags: list[str]) -> str:
+    """A short hash of what a build compiles and how: the relative paths and bytes of
+    :func:`source_files`, ``flags``, and where the torch and Python headers are (two installations,
+    e.g. two venvs, share no build, so neither recompiles the other's). Mtimes do not count."""
+    digest = hashlib.sha256()
+    for rel in source_files(kind):
+        data = (CSRC / rel).read_bytes()
+        digest.update(f"{rel.as_posix()}\0{len(data)}\0".encode() + data)
+    headers = [str(Path(torch.__file__).parent), sysconfig.get_path("include") or ""]
+    digest.update("\0".join([*flags, "|", *headers]).encode())
+    return digest.hexdigest()[:8]
+
+
+def _torch_version() -> str:
+    return torch.__version__.split("+")[0].replace(".", "_")
+
+
+def extension_name() -> str:
+    return f"fused_optim_cpu_{isa_tag()}_torch{_torch_version()}_{content_tag('cpu', [*CFLAGS, '|', *LDFLAGS])}"
+
+
 def cuda_extension_name() -> str:
-    version = torch.__version__.split("+")[0].replace(".", "_")
-    return f"fused_optim_cuda_torch{version}_cu{(torch.version.cuda or 'none').replace('.', '_')}_{tree_tag()}"
+    cuda = (torch.version.cuda or "none").replace(".", "_")
+    return f"fused_optim_cuda_torch{_torch_version()}_cu{cuda}_{content_tag('cuda', CUDA_JIT_FLAGS)}"
 
 
-def translation_units(directory: Path) -> list[str]:
-    """The files to compile: one per core, each ``#include``-ing a share of ``cpu_sources()``.
+def _write_if_changed(path: Path, data: bytes) -> None:
+    """Write ``data`` unless ``path`` holds it already: an unchanged file keeps its mtime, so ninja
+    does not recompile what includes it."""
+    if not path.is_file() or path.read_bytes() != data:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def stage_sources(kind: str, directory: Path) -> Path:
+    """Copy :func:`source_files` of ``kind`` to ``directory/src`` (keeping their layout, so relative
+    ``#include``s resolve) and return that folder. ninja compiles the copies."""
+    root = directory / "src"
+    for rel in source_files(kind):
+        _write_if_changed(root / rel, (CSRC / rel).read_bytes())
+    return root
+
+
+def translation_units(sources: list[str], directory: Path) -> list[str]:
+    """The files to compile: one per core, each ``#include``-ing a share of ``sources``.
 
     Most of a kernel file's compile time is the ATen headers (~4.5 s), so on 2 cores two units
     build about twice as fast as one per file. ninja's header dependencies still cover the
     included files, so editing any of them rebuilds. (Names in anonymous namespaces must therefore
-    be unique across csrc/cpu.) A unit is rewritten only when its text changes.
+    be unique across csrc/cpu.)
     """
-    sources = cpu_sources()
     count = max(1, min(len(sources), os.cpu_count() or 1))
-    directory.mkdir(parents=True, exist_ok=True)
     units = []
     for k in range(count):
         path = directory / f"unit{k}.cpp"
-        text = "".join(f'#include "{src}"\n' for src in sources[k::count])
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
+        _write_if_changed(path, "".join(f'#include "{src}"\n' for src in sources[k::count]).encode())
         units.append(str(path))
     return units
 
 
+def _cpuinfo_field(*keys: str) -> str | None:
+    """The value of the first line of ``CPUINFO`` whose key is one of ``keys`` (None: none, or no
+    such file)."""
+    try:
+        lines = CPUINFO.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
 def isa_tag() -> str:
     """ATen's CPU capability plus a short hash of the CPU's feature flags (what -march=native sees)."""
-    flags = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
+    flags = _cpuinfo_field("flags", "Features") or platform.processor() or platform.machine()
     digest = hashlib.sha1(flags.encode()).hexdigest()[:8]
     return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 
 
-def tree_tag() -> str:
-    """A short hash of where the sources are. Each source tree gets its own build: the translation
-    units name the sources by path, so a repo checkout and an installed copy sharing one build
-    directory would rebuild it (~25 s) every time a process of the other one loads it."""
-    return hashlib.sha1(str(CSRC.resolve()).encode()).hexdigest()[:6]
-
-
-def extension_name() -> str:
-    version = torch.__version__.split("+")[0].replace(".", "_")
-    return f"fused_optim_cpu_{isa_tag()}_torch{version}_{tree_tag()}"
+def cpu_description() -> str:
+    """The machine a CPU measurement ran on: the CPU model (/proc/cpuinfo), ATen's CPU capability
+    (the widest vector ISA its kernels use, e.g. AVX2, AVX512) and torch's thread count."""
+    model = _cpuinfo_field("model name", "Model", "Hardware") or platform.processor() or platform.machine()
+    return (f"{model}, ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"{torch.get_num_threads()} threads")
 
 
 def verbose() -> bool:
     return os.environ.get("FUSED_OPTIM_VERBOSE_BUILD", "") not in ("", "0")
 
 
+def _say(message: str) -> None:
+    """One line of build progress on stderr (see the module docstring for why stderr)."""
+    print(f"fused_optim: {message}", file=sys.stderr, flush=True)
+
+
+def _cpu_build_args(directory: Path) -> dict:
+    """Stage the CPU sources in ``directory``; cpp_extension.load's arguments for them."""
+    src = stage_sources("cpu", directory)
+    units = translation_units(sorted(str(p) for p in (src / "cpu").glob("*.cpp")), directory / "units")
+    # Copies of the flag lists: cpp_extension.load appends torch's libraries to extra_ldflags.
+    return dict(sources=units, extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
+                extra_include_paths=[str(src / "cpu")], with_cuda=False)
+
+
+def _cuda_build_args(directory: Path) -> dict:
+    """Stage the CUDA sources in ``directory``; cpp_extension.load's arguments for them."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("error: torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
+    src = stage_sources("cuda", directory)
+    sources = [*sorted(str(p) for p in (src / "cuda").glob("*.cu")), str(src / CUDA_BINDING.relative_to(CSRC))]
+    return dict(sources=sources, extra_cflags=list(CUDA_JIT_FLAGS), extra_cuda_cflags=list(CUDA_JIT_FLAGS),
+                with_cuda=True)
+
+
+@dataclass
+class _Library:
+    """One native library: its label in messages, its name, how to stage it, and this process's
+    record of it (``error``: the message of a failed build; ``seconds``: the build/load time)."""
+
+    kind: str
+    name: Callable[[], str]
+    build_args: Callable[[Path], dict]
+    loaded: bool = False
+    error: str | None = None
+    seconds: float | None = None
+
+
+_CPU = _Library("CPU", extension_name, _cpu_build_args)
+_CUDA = _Library("CUDA", cuda_extension_name, _cuda_build_args)
+
+
 def load(device_type: str = "cpu") -> None:
     """Build (or load from cache) the CPU kernels, and for ``"cuda"`` the CUDA kernels too; raise
     :class:`BuildError` saying how to debug."""
-    _load_library(_state, "CPU", _build_cpu, extension_name)
+    _load_library(_CPU)
     if device_type == "cuda":
-        _load_library(_cuda_state, "CUDA", _build_cuda, cuda_extension_name)
+        _load_library(_CUDA)
 
 
-def _build_cpu(cpp_extension) -> None:
-    cpp_extension.load(
-        name=extension_name(),
-        sources=translation_units(Path(build_directory()) / "units"),
-        extra_cflags=CFLAGS,
-        extra_ldflags=LDFLAGS,
-        extra_include_paths=[str(CSRC / "cpu")],
-        is_python_module=False,
-        with_cuda=False,
-        verbose=verbose(),
-    )
-
-
-def _build_cuda(cpp_extension) -> None:
-    if not torch.cuda.is_available():
-        raise RuntimeError("error: torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
-    cpp_extension.load(
-        name=cuda_extension_name(),
-        sources=[*cuda_sources(), str(CUDA_BINDING)],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3"],
-        is_python_module=False,
-        with_cuda=True,
-        verbose=verbose(),
-    )
-
-
-def _load_library(state: dict, kind: str, build, name) -> None:
-    if state["loaded"]:  # the per-step fast path takes no lock (and stays traceable by dynamo)
+def _load_library(lib: _Library) -> None:
+    if lib.loaded:  # the per-step fast path takes no lock (and stays traceable by dynamo)
         return
     with _lock:
-        if state["loaded"]:
+        if lib.loaded:
             return
-        if state["error"] is not None:
-            raise BuildError(state["error"])
-        from torch.utils import cpp_extension
-
+        if lib.error is not None:
+            raise BuildError(lib.error)
         start = time.perf_counter()
+        name = lib.name()
         try:
-            build(cpp_extension)
+            directory = Path(build_directory(name))
+            lock = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:  # TORCH_EXTENSIONS_DIR read-only, under a file, ...
+            lib.error = unusable_directory_message(exc)
+            raise BuildError(lib.error) from exc
+        try:
+            _build_and_load(lib, name, directory, lock)
+        except BuildError as exc:
+            lib.error = str(exc)
+            raise
         except Exception as exc:  # compiler missing, compile error, bad cache...
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             first = next((ln.strip() for ln in lines if "error" in ln.lower()), lines[-1])
-            state["error"] = (
-                f"fused_optim could not build its {kind} kernels ({type(exc).__name__}: {first}). "
+            lib.error = (
+                f"fused_optim could not build its {lib.kind} kernels ({type(exc).__name__}: {first}). "
                 "Run `FUSED_OPTIM_VERBOSE_BUILD=1 fused-optim build` to see the full compiler log "
-                f"(build directory: {build_directory(name())}); pass fused=False to use the pure-PyTorch "
+                f"(build directory: {directory}); pass fused=False to use the pure-PyTorch "
                 "implementation instead."
             )
-            raise BuildError(state["error"]) from exc
-        state["seconds"] = time.perf_counter() - start
-        state["loaded"] = True
+            raise BuildError(lib.error) from exc
+        finally:
+            os.close(lock)  # releases the flock
+        lib.seconds = time.perf_counter() - start
+        lib.loaded = True
+
+
+def _build_and_load(lib: _Library, name: str, directory: Path, lock: int) -> None:
+    """Under the flock on ``lock``: stage the sources, clear a stale cpp_extension lock, delete
+    unverified outputs, build what is missing (announcing it), load, record the manifest."""
+    from torch.utils import cpp_extension
+
+    try:
+        _lock_exclusively(lock, f"{lib.kind} kernels in {directory}")
+        args = lib.build_args(directory)
+        _remove_stale_cpp_extension_lock(directory)
+        damaged = remove_unverified_outputs(directory, name)
+    except OSError as exc:
+        raise BuildError(unusable_directory_message(exc)) from exc
+    if damaged:
+        _say(f"rebuilding the {lib.kind} kernels in {directory}: the cached {', '.join(damaged)} failed its "
+             "integrity check")
+    elif not manifest_vouches_for_all(directory):
+        _say(f"building the {lib.kind} kernels (a one-time step of a minute or more; later runs load the cached "
+             f"build) in {directory}")
+    cpp_extension.load(name=name, build_directory=str(directory), is_python_module=False, verbose=verbose(), **args)
+    write_manifest(directory, name)
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _lock_exclusively(fd: int, what: str) -> None:
+    """flock ``fd``, waiting for its holder; when that takes longer than a cached load does
+    (``QUIET_WAIT_SECONDS``: concurrent DDP ranks loading one build wait silently), say whose
+    build we wait for first. Record our pid and host for the next waiter."""
+    deadline = time.monotonic() + QUIET_WAIT_SECONDS
+    while not _try_flock(fd):
+        if time.monotonic() > deadline:
+            owner = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+            _say(f"waiting for {owner}, which is building or loading the {what}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            break
+        time.sleep(0.1)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+
+
+def _remove_stale_cpp_extension_lock(directory: Path) -> None:
+    """Remove cpp_extension's lock file, which only a killed build leaves while we hold the flock."""
+    baton = directory / CPP_EXTENSION_LOCK
+    if baton.exists():
+        _say(f"removing the stale lock {baton} left by a build that was killed")
+        baton.unlink()
+
+
+def library_path(directory: Path, name: str) -> Path:
+    """The library cpp_extension links for the extension ``name`` in ``directory``."""
+    from torch.utils.cpp_extension import LIB_EXT
+
+    return directory / f"{name}{LIB_EXT}"
+
+
+def _outputs(directory: Path, name: str) -> list[Path]:
+    """The build outputs that exist: the library and the objects."""
+    return [p for p in [library_path(directory, name), *sorted(directory.glob("*.o"))] if p.is_file()]
+
+
+def _fingerprint(path: Path) -> list:
+    data = path.read_bytes()
+    return [len(data), hashlib.sha256(data).hexdigest()]
+
+
+def _read_manifest(directory: Path) -> dict:
+    try:
+        return json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_manifest(directory: Path, name: str) -> None:
+    """Record the fingerprints of the outputs of a build that just loaded (atomically; not at all
+    when the manifest holds them already, as after a cached load)."""
+    fingerprints = {p.name: _fingerprint(p) for p in _outputs(directory, name)}
+    if _read_manifest(directory) != fingerprints:
+        tmp = directory / f"{MANIFEST}.{os.getpid()}"
+        tmp.write_text(json.dumps(fingerprints))
+        os.replace(tmp, directory / MANIFEST)
+
+
+def remove_unverified_outputs(directory: Path, name: str) -> list[str]:
+    """Delete each build output whose size and SHA-256 the manifest does not record (all of them
+    when there is no manifest), so ninja remakes it. Return the names of those the manifest did
+    list: outputs damaged since they were built."""
+    recorded = _read_manifest(directory)
+    unverified = [p for p in _outputs(directory, name) if recorded.get(p.name) != _fingerprint(p)]
+    for path in unverified:
+        path.unlink()
+    return [p.name for p in unverified if p.name in recorded]
+
+
+def manifest_vouches_for_all(directory: Path) -> bool:
+    """True when a manifest exists and every output it lists is present: loading needs no compile
+    (after :func:`remove_unverified_outputs`, a present output is a verified one)."""
+    recorded = _read_manifest(directory)
+    return bool(recorded) and all((directory / name).is_file() for name in recorded)
+
+
+def unusable_directory_message(exc: OSError) -> str:
+    """The BuildError text for a build directory that cannot be created, locked or written."""
+    return (f"fused_optim cannot use its build cache directory {extensions_root()} ({type(exc).__name__}: {exc}). "
+            "Set TORCH_EXTENSIONS_DIR to a writable directory, or pass fused=False to use the pure-PyTorch "
+            "implementation instead.")
 
 
 def is_available(device_type: str = "cpu") -> bool:
@@ -201,16 +421,23 @@ def is_available(device_type: str = "cpu") -> bool:
 
 def build_error(device_type: str = "cpu") -> str | None:
     """The message of a failed build, or None (no build attempted yet, or it succeeded)."""
-    return _state["error"] or (_cuda_state["error"] if device_type == "cuda" else None)
+    return _CPU.error or (_CUDA.error if device_type == "cuda" else None)
 
 
 def build_seconds() -> float | None:
     """Wall time of the build/load in this process, or None before it happened."""
-    return _state["seconds"]
+    return _CPU.seconds
+
+
+def extensions_root() -> str:
+    """The folder builds are cached under: TORCH_EXTENSIONS_DIR, or torch's default."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
 
 
 def build_directory(name: str | None = None) -> str:
-    """Where the extension ``name`` (default: the CPU one) is built and cached."""
+    """Where the extension ``name`` (default: the CPU one) is built and cached (created if missing)."""
     from torch.utils.cpp_extension import _get_build_directory
 
     return _get_build_directory(name or extension_name(), verbose=False)

@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from . import benchmark_adascale
+from . import _build, benchmark_adascale
 from .adam import FusedAdam
 from .lamb import FusedLAMB
 from .lars import LARS
@@ -307,8 +307,7 @@ def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None =
     """``timm``: its version, or why it is unavailable (None: no LAMB / LARS rows to explain)."""
     by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
     lines = [
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}; medians of interleaved rounds.",
+        f"{_build.cpu_description()}; torch {torch.__version__}; medians of interleaved rounds.",
         "",
         *_table(by_opt("sgd", "adamw"), "× vs torch fused"),
     ]
@@ -357,6 +356,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     repeats = repeats or (5 if quick else 11)
     lists = lists or (QUICK_LISTS if quick else list(PARAM_LISTS))
     rows: list[Row] = []
+    print(f"fused-optim bench on {_build.cpu_description()}", flush=True)
     for list_id in lists:
         for opt in OPTIMIZERS:
             for dtype in (torch.float32, torch.bfloat16):
@@ -381,6 +381,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,
                                      "build": build, "adascale": adascale, "torch": torch.__version__,
                                      "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
-                                     "threads": torch.get_num_threads()}, indent=2))
+                                     "threads": torch.get_num_threads(), "cpu": _build.cpu_description()},
+                                    indent=2))
     md_path.write_text(markdown(rows, host, build, timm, adascale))
     return json_path, md_path

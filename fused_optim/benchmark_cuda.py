@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from . import _build
 from .benchmark import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, _table, _variants, timm_optimizers
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars")
@@ -204,7 +205,8 @@ def targets(rows: list[Row]) -> list[str]:
 
 def markdown(rows: list[Row], records: list[dict], device: str, timm: str | None) -> str:
     by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
-    lines = [f"{device}, torch {torch.__version__}; CUDA-event timing, medians of interleaved rounds; "
+    lines = [f"{device}, torch {torch.__version__}; host CPU {_build.cpu_description()}; CUDA-event timing, "
+             f"medians of interleaved rounds; "
              f"of copy: fraction of the bandwidth of `dst.copy_(src)` moving the same bytes in the same rounds.",
              "", "Targets (fused_optim rows):", *targets(rows), "",
              *_table(by_opt("sgd", "adamw"), "× vs torch fused", probe="of copy")]
@@ -236,6 +238,8 @@ def run(out: Path, quick: bool = False, repeats: int | None = None,
         raise NoGPUError(NO_GPU)
     repeats = repeats or (5 if quick else 11)
     lists = lists or (QUICK_LISTS if quick else list(LISTS))
+    device = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    print(f"fused-optim bench on {device}, host CPU {_build.cpu_description()}", flush=True)
     rows: list[Row] = []
     records: list[dict] = []
     for list_id in lists:
@@ -249,10 +253,10 @@ def run(out: Path, quick: bool = False, repeats: int | None = None,
                       f"fused_optim {r.ms_per_step:8.3f} ms  ×{r.speedup_vs_peer or float('nan'):6.2f} vs {r.peer}  "
                       f"{r.fraction_of_probe:.2f} of copy" if r else f"skipped: {record['skipped']}"), flush=True)
     classes, timm = timm_optimizers()
-    device = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench_cuda.json", out / "bench_cuda.md"
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "cases": records, "device": device,
+                                     "host_cpu": _build.cpu_description(),
                                      "torch": torch.__version__, "timm": timm if classes else None,
                                      "timm_unavailable": None if classes else timm}, indent=2))
     md_path.write_text(markdown(rows, records, device, timm if classes else f"unavailable: {timm}"))

@@ -15,11 +15,11 @@ from . import _build
 def cmd_info(args) -> int:
     print(f"fused_optim      {__import__('fused_optim').__version__}")
     print(f"torch            {torch.__version__}")
-    print(f"CPU capability   {torch.backends.cpu.get_cpu_capability()}  (extension {_build.extension_name()})")
-    print(f"threads          {torch.get_num_threads()}")
+    print(f"CPU              {_build.cpu_description()}  (extension {_build.extension_name()})")
     print(f"CUDA             {'available: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'not available'}")
     ok = _build.is_available()
-    print(f"CPU kernels      {'built' if ok else 'NOT available'}  ({_build.build_directory()})")
+    print(f"CPU kernels      {'built' if ok else 'NOT available'}  "
+          f"({_build.build_directory() if ok else _build.extensions_root()})")
     if ok and torch.cuda.is_available():
         ok = _build.is_available("cuda")
         where = _build.build_directory(_build.cuda_extension_name())
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.set_defaults(fn=cmd_bench)
     demo = sub.add_parser("demo", help="AdaScale vs a small-batch baseline and linear lr scaling on digits: "
                                        "table and plot")
-    demo.add_argument("--quick", action="store_true", help="a 5× shorter budget (a smoke run, ~30 s)")
+    demo.add_argument("--quick", action="store_true", help="a 5× shorter budget (a smoke run)")
     demo.add_argument("--scales", nargs="+", type=int, default=[4, 8], metavar="S",
                       help="batch scales, each dividing the budget (default: 4 8; the smallest even one also runs "
                            "as 2-process DDP)")

@@ -89,7 +89,7 @@ def ddp_main(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+                            timeout=timedelta(seconds=1200))
     try:
         assert dist.get_world_size() == 2 and dist.get_rank() == rank
         torch.set_default_dtype(torch.float64)  # fairscale's micro-batch sums take the default dtype

@@ -49,7 +49,7 @@ def test_registration_is_idempotent():
 
 
 def _python(code):
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     return out.stdout
 

@@ -50,7 +50,7 @@ def test_unknown_name_lists_the_known_ones():
         create_optimizer("adamx", [torch.nn.Parameter(torch.zeros(1))])
 
 
-def cli(*args, timeout=300):
+def cli(*args, timeout=1800):
     exe = shutil.which("fused-optim") or ""
     cmd = [exe, *args] if exe else [sys.executable, "-m", "fused_optim.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,290 @@
+"""The JIT build's cache under faults: builds are announced, keyed on the sources' content (not their
+mtimes), a damaged library is rebuilt instead of loaded, a lock left by a killed build is recovered
+from (a live builder's is waited for), and an unusable TORCH_EXTENSIONS_DIR falls back.
+
+Every test that touches a cache uses its own TORCH_EXTENSIONS_DIR, and every real build or load runs
+in a subprocess, so this process's loaded library is untouched. One cold build (the module's
+``cache`` fixture) serves all the tests: each damages that cache and checks the repair, which
+relinks the library only (its objects stay verified), leaving the cache intact for the next.
+"""
+
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fused_optim
+from fused_optim import _build
+
+# Subprocess limits only catch a hang, so they sit far above the slowest healthy run: a cold build
+# takes 40-120 s on 2 idle cores and several times that when other jobs share them; a load of the
+# cached build (or a relink) takes a few seconds idle.
+BUILD_TIMEOUT = 1800
+LOAD_TIMEOUT = 600
+
+LOAD = "from fused_optim import _build; _build.load(); print(_build.CSRC); print(_build.build_directory())"
+
+# Two fused=None SGD steps (lr 0.5, grad 1, from 1.0: exactly 0.0 in fp32 either way), the warnings
+# they raise, then fused=True's error and is_available().
+STEP = """
+import warnings, torch, fused_optim
+from fused_optim import _build
+p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    opt = fused_optim.FusedSGD([p], lr=0.5); opt.step(); opt.step()
+    print("AVAILABLE", fused_optim.is_available())
+print("IMPL", opt.implementation, p.tolist(), len(w))
+print("WARNING", w[0].message if w else "")
+try:
+    fused_optim.FusedSGD([p], lr=0.5, fused=True).step()
+except _build.BuildError as exc:
+    print("RAISED", exc)
+"""
+
+
+def run_python(code: str, extensions: Path, timeout: float = LOAD_TIMEOUT, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), **env}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def line(out: str, prefix: str) -> str:
+    return next((ln for ln in out.splitlines() if ln.startswith(prefix)), f"(no {prefix} line in: {out})")
+
+
+def announcements(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("fused_optim:")]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """(TORCH_EXTENSIONS_DIR, the CPU build directory, the cold build's stderr), built once."""
+    root = tmp_path_factory.mktemp("extensions")
+    out = run_python(LOAD, root, timeout=BUILD_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return root, Path(out.stdout.split()[-1]), out.stderr
+
+
+def library(directory: Path) -> Path:
+    return _build.library_path(directory, directory.name)
+
+
+def verified(directory: Path) -> bool:
+    """The manifest records the library as it is on disk."""
+    manifest = json.loads((directory / _build.MANIFEST).read_text())
+    return manifest[library(directory).name] == _build._fingerprint(library(directory))
+
+
+def test_a_cold_build_says_once_what_it_builds_where_and_that_it_is_one_time(cache):
+    root, directory, stderr = cache
+    (message,) = announcements(stderr)
+    assert "building the CPU kernels" in message and "one-time" in message and str(directory) in message
+    assert directory.parent == root and verified(directory)
+
+
+def test_a_reinstall_of_identical_sources_loads_the_cached_build_silently(cache, tmp_path):
+    """A copy of the package whose sources were all rewritten with the same bytes (new mtimes, as
+    ``pip install .`` leaves them) loads the build made from the original: same name, no compile."""
+    root, directory, _ = cache
+    package = tmp_path / "site" / "fused_optim"
+    shutil.copytree(Path(fused_optim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    time.sleep(0.01)  # the rewritten sources' mtimes are newer than the cached objects'
+    for source in (package / "csrc").rglob("*"):
+        if source.is_file():
+            source.write_bytes(source.read_bytes())
+    before = library(directory).stat().st_mtime_ns
+    out = run_python(LOAD, root, PYTHONPATH=str(tmp_path / "site"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    csrc, used = out.stdout.split()[-2:]
+    assert Path(csrc) == package / "csrc"  # the copy's sources were the ones read
+    assert Path(used) == directory and announcements(out.stderr) == []
+    assert library(directory).stat().st_mtime_ns == before  # not relinked
+
+
+def test_editing_a_source_or_a_flag_or_another_installation_changes_the_extension_name(monkeypatch, tmp_path):
+    """A new name is a new, empty build directory: an edit always builds."""
+    names = lambda: (_build.extension_name(), _build.cuda_extension_name())  # noqa: E731
+    original = names()
+    monkeypatch.setattr(_build, "CSRC", tmp_path / "csrc")
+    shutil.copytree(Path(fused_optim.__file__).parent / "csrc", _build.CSRC)
+    assert names() == original  # keyed on content: the location does not count
+    shared = _build.CSRC / "shared" / "checks.h"
+    shared.write_text(shared.read_text() + "// edited\n")
+    cpu_edit, cuda_edit = names()
+    assert cpu_edit != original[0] and cuda_edit != original[1]  # both include csrc/shared
+    (_build.CSRC / "cpu" / "adam.cpp").write_text((_build.CSRC / "cpu" / "adam.cpp").read_text() + "// edited\n")
+    assert names()[0] != cpu_edit and names()[1] == cuda_edit
+    edited = names()
+    monkeypatch.setattr(_build, "CFLAGS", [*_build.CFLAGS, "-DEXTRA"])
+    assert names()[0] != edited[0]
+    monkeypatch.setattr(_build.sysconfig, "get_path", lambda *args, **kwargs: "/another/venv/include/python3")
+    assert set(names()).isdisjoint(edited)  # another installation: its own build
+
+
+@pytest.mark.parametrize("damage", ["truncated", "zeroed"])
+def test_the_manifest_check_deletes_a_damaged_output_only(tmp_path, damage):
+    name = "ext"
+    lib, obj = _build.library_path(tmp_path, name), tmp_path / "unit0.o"
+    lib.write_bytes(os.urandom(4096))
+    obj.write_bytes(os.urandom(4096))
+    _build.write_manifest(tmp_path, name)
+    assert _build.remove_unverified_outputs(tmp_path, name) == [] and _build.manifest_vouches_for_all(tmp_path)
+    lib.write_bytes(lib.read_bytes()[:1000] if damage == "truncated" else bytes(4096))
+    assert _build.remove_unverified_outputs(tmp_path, name) == [lib.name]
+    assert not lib.exists() and obj.exists() and not _build.manifest_vouches_for_all(tmp_path)
+
+
+def test_outputs_without_a_manifest_are_not_trusted(tmp_path):
+    """What a killed first build leaves (objects, maybe a library, no manifest) is deleted."""
+    lib, obj = _build.library_path(tmp_path, "ext"), tmp_path / "unit0.o"
+    lib.write_bytes(b"partial")
+    obj.write_bytes(b"partial")
+    assert _build.remove_unverified_outputs(tmp_path, "ext") == []  # none was ever verified: not "damaged"
+    assert not lib.exists() and not obj.exists() and not _build.manifest_vouches_for_all(tmp_path)
+
+
+def damage(path: Path, how: str) -> None:
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 3] if how == "truncated" else bytes(size))
+
+
+@pytest.mark.parametrize("how", ["truncated", "zeroed"])
+def test_a_damaged_cached_library_is_rebuilt_not_loaded(cache, how):
+    """Loading it would kill the process (SIGBUS), fused=None included; ninja alone would not rebuild it."""
+    root, directory, _ = cache
+    damage(library(directory), how)
+    out = run_python(STEP, root, timeout=BUILD_TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert line(out.stdout, "IMPL") == "IMPL fused [0.0, 0.0, 0.0] 0"
+    (message,) = announcements(out.stderr)
+    assert "rebuilding the CPU kernels" in message
+    assert f"{library(directory).name} failed its integrity check" in message
+    assert verified(directory)
+
+
+def test_a_failed_rebuild_of_a_damaged_library_falls_back_with_one_warning(cache):
+    root, directory, _ = cache
+    damage(library(directory), "zeroed")
+    out = run_python(STEP, root, timeout=BUILD_TIMEOUT, CXX="false")  # the relink fails
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert line(out.stdout, "IMPL") == "IMPL reference [0.0, 0.0, 0.0] 1"
+    assert "could not build its CPU kernels" in line(out.stdout, "WARNING")
+    assert "Falling back to the reference implementation" in line(out.stdout, "WARNING")
+    assert "could not build its CPU kernels" in line(out.stdout, "RAISED")
+    assert line(out.stdout, "AVAILABLE") == "AVAILABLE False"
+    assert not library(directory).exists()  # never loaded: deleted before the attempt
+    repaired = run_python(LOAD, root, timeout=BUILD_TIMEOUT)  # with a compiler again: relinked
+    assert repaired.returncode == 0 and verified(directory), repaired.stderr[-3000:]
+
+
+def test_a_build_killed_mid_way_leaves_a_lock_the_next_load_recovers_from(cache, tmp_path):
+    """A build SIGKILLed (as a scheduler does, with its process group) while it holds cpp_extension's
+    lock file leaves that file; waiting for it would never end. Here the build is a relink (the
+    library was damaged) whose compiler never returns, so the kill lands inside the lock."""
+    root, directory, _ = cache
+    baton = directory / _build.CPP_EXTENSION_LOCK
+    hanging = tmp_path / "c++"
+    hanging.write_text("#!/bin/sh\nexec sleep 3600\n")
+    hanging.chmod(0o755)
+    damage(library(directory), "zeroed")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "CXX": str(hanging)}
+    build = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + LOAD_TIMEOUT
+        while not baton.exists() and build.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert baton.exists(), "the build never took cpp_extension's lock"
+    finally:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()
+    assert baton.exists()  # what the killed build leaves
+    out = run_python(LOAD, root)  # a relink; before: it waited on the lock file forever
+    assert out.returncode == 0, out.stderr[-3000:]
+    stale, building = announcements(out.stderr)
+    assert stale == f"fused_optim: removing the stale lock {baton} left by a build that was killed"
+    assert "building the CPU kernels" in building
+    assert not baton.exists() and verified(directory)
+
+
+def read_announcement(stream, timeout: float) -> str:
+    """The first ``fused_optim:`` line of ``stream`` within ``timeout`` s ("" at EOF or timeout)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0 and select.select([stream], [], [], left)[0]:
+        text = stream.readline()
+        if not text or text.startswith("fused_optim:"):
+            return text
+    return ""
+
+
+def test_a_live_builders_lock_is_waited_for(cache):
+    """While another process holds the build lock (here: this test, as a builder would), a load says
+    whom it waits for and waits; it proceeds once the lock is released, without calling it stale."""
+    root, directory, _ = cache
+    baton = directory / _build.CPP_EXTENSION_LOCK
+    fd = os.open(directory / _build.LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"pid 4242 on a-builder", 0)
+    baton.touch()  # the builder's cpp_extension lock
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        message = read_announcement(proc.stderr, LOAD_TIMEOUT)
+        assert message.startswith("fused_optim: waiting for pid 4242 on a-builder, which is building or loading "
+                                  f"the CPU kernels in {directory}"), message
+        assert proc.poll() is None  # it cannot get past the flock this test holds
+        baton.unlink()  # the builder finishes
+        os.close(fd)
+        fd = None
+        stdout, stderr = proc.communicate(timeout=LOAD_TIMEOUT)
+    finally:
+        if fd is not None:
+            os.close(fd)
+        proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    assert announcements(stderr) == [] and Path(stdout.split()[-1]) == directory
+
+
+def test_a_short_wait_for_the_lock_is_silent(monkeypatch, tmp_path, capsys):
+    """DDP ranks loading one cached build take turns without a word."""
+    monkeypatch.setattr(_build, "QUIET_WAIT_SECONDS", LOAD_TIMEOUT)
+    holder = os.open(tmp_path / _build.LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(0.5, os.close, [holder])
+    release.start()
+    waiter = os.open(tmp_path / _build.LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        _build._lock_exclusively(waiter, "CPU kernels")
+        assert os.pread(waiter, 256, 0).decode().startswith(f"pid {os.getpid()} on ")
+    finally:
+        os.close(waiter)
+        release.join()
+    assert capsys.readouterr().err == ""
+
+
+def test_an_unusable_extensions_dir_falls_back_with_one_warning_naming_it(tmp_path):
+    """A directory under a regular file cannot be created, by root either."""
+    (tmp_path / "afile").write_text("")
+    bad = tmp_path / "afile" / "sub"
+    out = run_python(STEP, bad)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert line(out.stdout, "IMPL") == "IMPL reference [0.0, 0.0, 0.0] 1"
+    assert line(out.stdout, "AVAILABLE") == "AVAILABLE False"
+    for prefix in ("WARNING", "RAISED"):
+        message = line(out.stdout, prefix)
+        assert f"cannot use its build cache directory {bad}" in message, message
+        assert "Set TORCH_EXTENSIONS_DIR to a writable directory" in message and "fused=False" in message
+    info = run_python("from fused_optim.cli import main; raise SystemExit(main(['info']))", bad)
+    assert info.returncode == 1 and "Traceback" not in info.stderr, info.stderr[-3000:]
+    assert f"cannot use its build cache directory {bad}" in info.stdout

@@ -1,0 +1,28 @@
+"""Benchmark output names the machine it measured: the CPU model and ATen's CPU capability."""
+
+import torch
+
+from fused_optim import _build, benchmark, benchmark_cuda
+
+CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 avx512f
+"""
+
+
+def test_the_cpu_description_names_the_model_and_the_aten_capability(monkeypatch, tmp_path):
+    (tmp_path / "cpuinfo").write_text(CPUINFO)
+    monkeypatch.setattr(_build, "CPUINFO", tmp_path / "cpuinfo")
+    capability = torch.backends.cpu.get_cpu_capability()  # e.g. AVX2, AVX512
+    assert _build.cpu_description() == (f"Intel(R) Xeon(R) Platinum 8480+, ATen CPU capability {capability}, "
+                                        f"{torch.get_num_threads()} threads")
+    monkeypatch.setattr(_build, "CPUINFO", tmp_path / "missing")
+    assert f"ATen CPU capability {capability}" in _build.cpu_description()  # no /proc: still the capability
+
+
+def test_the_benchmark_headers_name_the_machine():
+    """bench.md (printed by `fused-optim bench` too) and bench_cuda.md start with the description."""
+    machine = _build.cpu_description()
+    assert machine in benchmark.markdown([], {}, None).splitlines()[0]
+    assert f"host CPU {machine}" in benchmark_cuda.markdown([], [], "NVIDIA H100 (CUDA 12.8)", None).splitlines()[0]
