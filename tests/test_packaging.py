@@ -34,8 +34,9 @@ def test_installed_package_builds_from_its_own_sources():
     assert all(Path(s).is_file() for s in _build.cpu_sources()) and len(_build.cpu_sources()) >= 2
 
 
-def test_each_source_tree_builds_in_its_own_directory(monkeypatch, tmp_path):
-    """A repo checkout and an installed copy never share (and keep rebuilding) one build."""
+def test_sources_of_other_content_build_in_another_directory(monkeypatch, tmp_path):
+    """Two source trees that differ (here: an empty one) never share, and keep rebuilding, one
+    build; identical trees share it (tests/test_build_faults.py)."""
     from fused_optim import _build
 
     names = {_build.extension_name(), _build.cuda_extension_name()}
