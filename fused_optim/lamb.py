@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from .adam import init_moments
+from .adam import check_moments, init_moments
 from .norm import multi_tensor_l2norm
-from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative, check_range
+from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
+                        is_real)
 
 
 class _LambBase(FusedOptimizer):
@@ -15,6 +16,9 @@ class _LambBase(FusedOptimizer):
         check_nonnegative("epsilon", group["eps"])
         check_nonnegative("weight_decay", group["weight_decay"])
         check_betas(group["betas"])
+
+    def _check_state(self, state: dict) -> None:
+        check_moments(state)
 
     def _init_state(self, p, state, group) -> None:
         init_moments(p, state)
@@ -63,12 +67,14 @@ class FusedLAMB(_LambBase):
     """
 
     op_name = "lamb_"
+    flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb", "trust_clip")
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
                  trust_clip: bool = False, always_adapt: bool = False, fused: bool | None = None):
+        check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
@@ -80,7 +86,7 @@ class FusedLAMB(_LambBase):
     def _validate(self, group: dict) -> None:
         super()._validate(group)
         clip = group["max_grad_norm"]
-        check_range("max_grad_norm", clip, clip is None or (isinstance(clip, (int, float)) and clip >= 0),
+        check_range("max_grad_norm", clip, clip is None or (is_real(clip) and clip >= 0),
                     "use a norm > 0, or None / 0 for no clipping")
 
     def _prepare_step(self) -> None:
@@ -140,6 +146,7 @@ class Lamb(_LambBase):
     """
 
     op_name = "colossal_lamb_"
+    flags = ("adam", "bias_correction")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,
