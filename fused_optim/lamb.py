@@ -5,7 +5,7 @@ from __future__ import annotations
 from .adam import check_moments, init_moments
 from .norm import multi_tensor_l2norm
 from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
-                        is_real)
+                        in_group_terms, is_real)
 
 
 class _LambBase(FusedOptimizer):
@@ -99,8 +99,13 @@ class FusedLAMB(_LambBase):
             self._grad_norm = self._global_grad_norm()
 
     def _global_grad_norm(self):
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        where = [(gi, i) for gi, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
+                 if p.grad is not None]
+        grads = [self.param_groups[gi]["params"][i].grad for gi, i in where]
+        try:
+            return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc
 
     def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
         """The base's direct call; when it does not happen and the (one) group clips, the general

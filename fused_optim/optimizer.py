@@ -143,14 +143,14 @@ class _Bucket:
 _INDEXED = re.compile(r"([A-Za-z_]+)\[(\d+)\]")  # a tensor list element in a kernel's message: grads[2]
 
 
-def _in_group_terms(message: str, index: list[int], gi: int) -> str:
-    """A kernel's error about bucket lists (``grads[2]``: the bucket's third tensor) in the user's
-    terms: each ``name[k]`` becomes ``name[index[k]]``, the param's position in its group."""
-    def in_group(m: re.Match) -> str:
+def in_group_terms(message: str, where: list[tuple[int, int]]) -> str:
+    """A kernel's error about the tensor lists it was given (``grads[2]``: the third) in the
+    user's terms: each ``name[k]`` gains ``(param i of group g)``, with ``(g, i) = where[k]``."""
+    def named(m: re.Match) -> str:
         k = int(m.group(2))
-        return f"{m.group(1)}[{index[k]}]" if k < len(index) else m.group(0)
+        return f"{m.group(0)} (param {where[k][1]} of group {where[k][0]})" if k < len(where) else m.group(0)
 
-    return _INDEXED.sub(in_group, message) + f" (indices: params' positions in group {gi})"
+    return _INDEXED.sub(named, message)
 
 
 def _extent(p: Tensor) -> tuple[int, int] | None:
@@ -516,7 +516,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 self._check_grads(bucket, grads, gi)
                 mismatch = self._dtype_mismatch(bucket, grads, gi)
                 if mismatch is None:
-                    raise RuntimeError(_in_group_terms(str(exc), bucket.index, gi)) from exc
+                    raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
                 self._fallback(mismatch)
         self._check_grads(bucket, grads, gi)
         getattr(_reference, self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)

@@ -226,8 +226,20 @@ def test_kernel_errors_name_the_params_index_in_its_group():
         p.grad = torch.ones_like(p)
     opt.step()
     opt.state[ps[2]]["momentum_buffer"] = torch.ones(5)  # a damaged state: 5 elements for 4
-    with pytest.raises(RuntimeError, match=r"momentum_buffers\[2\] has 5 elements.*positions in group 0"):
+    with pytest.raises(RuntimeError, match=r"momentum_buffers\[1\] \(param 2 of group 0\) has 5 elements"):
         opt.step()
+
+
+def test_lamb_names_a_bad_grad_by_group_and_index_in_its_global_norm():
+    """The global grad norm runs over every group's grads: its index is translated too."""
+    ps = [torch.nn.Parameter(torch.ones(3)) for _ in range(4)]
+    opt = fused_optim.FusedLAMB([{"params": ps[:2]}, {"params": ps[2:]}], lr=0.1)
+    for p in ps:
+        p.grad = torch.ones(3)
+    ps[3].grad = torch.ones(3).to_sparse()
+    with pytest.raises(RuntimeError, match=r"tensors\[3\] \(param 1 of group 1\) is sparse"):
+        opt.step()
+    assert all(torch.equal(p.detach(), torch.ones(3)) for p in ps) and len(opt.state) == 0
 
 
 # ---- NaN and edge sizes ------------------------------------------------------------------------
