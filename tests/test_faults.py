@@ -225,7 +225,7 @@ def test_kernel_errors_name_the_params_index_in_its_group():
     for p in ps:
         p.grad = torch.ones_like(p)
     opt.step()
-    opt.state[ps[2]]["momentum_buffer"] = torch.ones(5)  # a damaged state: 5 elements for 4
+    opt.state[ps[2]] = {"momentum_buffer": torch.ones(5)}  # a damaged state: 5 elements for 4
     with pytest.raises(RuntimeError, match=r"momentum_buffers\[1\] \(param 2 of group 0\) has 5 elements"):
         opt.step()
 
