@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative, scalar_dtype
+from .optimizer import FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, scalar_dtype
 
 
 _MOMENTS = ("step", "exp_avg", "exp_avg_sq")
@@ -71,6 +71,9 @@ class FusedAdam(FusedOptimizer):
                  adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
                  fused: bool | None = None):
+        for name, flag in (("adam_w_mode", adam_w_mode), ("decoupled_weight_decay", decoupled_weight_decay)):
+            if flag is not None:
+                check_flag(name, flag)
         if None not in (adam_w_mode, decoupled_weight_decay) and adam_w_mode != decoupled_weight_decay:
             raise ValueError(
                 f"Invalid decoupled_weight_decay value: {decoupled_weight_decay} contradicts "

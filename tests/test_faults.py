@@ -37,8 +37,8 @@ def _bad_grad(kind, p):
     return torch.zeros(p.shape, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("fused, bad", [(True, "sparse"), (True, "dtype"), (None, "sparse")],
-                         ids=["fused-sparse", "fused-dtype", "auto-sparse"])
+@pytest.mark.parametrize("fused, bad", [(True, "sparse"), (True, "dtype"), (None, "sparse"), (None, "value")],
+                         ids=["fused-sparse", "fused-dtype", "auto-sparse", "auto-group-value"])
 @pytest.mark.parametrize("name", list(MOMENTUM_OPTIMIZERS))
 def test_a_failed_first_step_leaves_no_trace(name, fused, bad):
     """A step that raises on one param's grad, then good steps: the same trajectory, bit for bit,
@@ -49,10 +49,16 @@ def test_a_failed_first_step_leaves_no_trace(name, fused, bad):
     opt, ref = make(ours, fused), make(clean, fused)
     for p, g in zip(ours, _grads(ours, 0)):
         p.grad = g
-    ours[1].grad = _bad_grad(bad, ours[1])
     before = [p.detach().clone() for p in ours]
-    with pytest.raises(RuntimeError, match="param 1 of group 0"):
-        opt.step()
+    if bad == "value":  # a group value set after construction that the kernel's arguments refuse
+        opt.param_groups[0]["momentum"] = "0.9"
+        with pytest.raises(RuntimeError, match="momentum"):
+            opt.step()
+        opt.param_groups[0]["momentum"] = 0.9
+    else:
+        ours[1].grad = _bad_grad(bad, ours[1])
+        with pytest.raises(RuntimeError, match="param 1 of group 0"):
+            opt.step()
     assert all(torch.equal(p, b) for p, b in zip(ours, before))
     assert len(opt.state) == 0  # a param that never stepped has no state
     for step in range(1, 5):
@@ -180,6 +186,7 @@ STRING_FLAGS = [
     (fused_optim.FusedSGD, dict(lr=0.1, maximize="no"), "maximize"),
     (fused_optim.FusedAdam, dict(amsgrad="False"), "amsgrad"),
     (fused_optim.FusedAdam, dict(maximize="no"), "maximize"),
+    (fused_optim.FusedAdam, dict(adam_w_mode="no"), "adam_w_mode"),
     (fused_optim.FusedLAMB, dict(amsgrad="False"), "amsgrad"),
     (fused_optim.FusedLAMB, dict(trust_clip="True"), "trust_clip"),
     (fused_optim.LARS, dict(lr=0.1, always_adapt="yes"), "always_adapt"),
