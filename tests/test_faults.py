@@ -41,9 +41,9 @@ def _bad_grad(kind, p):
                          ids=["fused-sparse", "fused-dtype", "auto-sparse", "auto-group-value"])
 @pytest.mark.parametrize("name", list(MOMENTUM_OPTIMIZERS))
 def test_a_failed_first_step_leaves_no_trace(name, fused, bad):
-    """A step that raises on one param's grad, then good steps: the same trajectory, bit for bit,
-    as an optimizer that never saw the failure (no state kept from the failed step, and the
-    momentum buffers are not reset again on every later step)."""
+    """A step that raises (one param's grad, or a group value the kernel refuses), then good
+    steps: the same trajectory, bit for bit, as an optimizer that never saw the failure (no state
+    kept from the failed step, and the momentum buffers are not reset again on every later step)."""
     make = MOMENTUM_OPTIMIZERS[name]
     ours, clean = _params(), _params()
     opt, ref = make(ours, fused), make(clean, fused)
