@@ -126,12 +126,14 @@ def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_si
     mul = lr * _grad_multiplier(grad_scale, False)
     for p, g, memory in zip(params, grads, memories):
         d = p.numel()
-        if random_sparse:
-            index = torch.randperm(d, generator=generator)[:sparse_grad_size]
+        k = min(sparse_grad_size, d)  # k >= d sends every coordinate
+        if d == 0:
+            index = torch.empty(0, dtype=torch.long)  # nothing to send, nothing drawn
+        elif random_sparse:
+            index = torch.randperm(d, generator=generator)[:k]
         else:
-            blocks = -(-d // sparse_grad_size)
-            start = int(torch.randint(blocks, (1,), generator=generator)) * sparse_grad_size
-            index = torch.arange(start, min(start + sparse_grad_size, d))
+            start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
+            index = torch.arange(start, min(start + k, d))
         memory.copy_(_opmath(memory) + mul * _opmath(g).to(_opmath(memory).dtype))
         x = _opmath(p)
         p.copy_(x - weight_decay * x)

@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative
+from .optimizer import FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, scalar_dtype
+
+
+_MOMENTS = ("step", "exp_avg", "exp_avg_sq")
+
+
+def check_moments(state: dict) -> None:
+    """A param's state holding some of Adam's moments holds all: else ``KeyError`` naming the one
+    missing (torch.optim.Adam raises ``KeyError: 'step'`` when it loads a state without ``step``),
+    instead of silently restarting the moments it has."""
+    present = [k for k in _MOMENTS if k in state]
+    for key in _MOMENTS:
+        if present and key not in state:
+            raise KeyError(f"{key!r}: a param's state has {present} but no {key!r}; "
+                           "load a complete state dict, or drop that param's state to restart it")
 
 
 def init_moments(p, state: dict) -> None:
     """Adam's state in torch.optim's layout (also LAMB's): ``step``, a 0-dim float32 counter
-    (float64 under a float64 default dtype), and zero ``exp_avg`` / ``exp_avg_sq``."""
+    (float64 under a float64 default dtype), and zero ``exp_avg`` / ``exp_avg_sq``, for a param
+    that has none of them (``check_moments``)."""
+    check_moments(state)
     if "step" not in state:
-        step_dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-        state["step"] = torch.tensor(0.0, dtype=step_dtype)
+        state["step"] = torch.tensor(0.0, dtype=scalar_dtype())
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
 
@@ -53,12 +68,16 @@ class FusedAdam(FusedOptimizer):
     """
 
     op_name = "adam_"
+    flags = ("amsgrad", "decoupled_weight_decay", "bias_correction", "maximize")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
                  adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
                  fused: bool | None = None):
+        for name, flag in (("adam_w_mode", adam_w_mode), ("decoupled_weight_decay", decoupled_weight_decay)):
+            if flag is not None:
+                check_flag(name, flag)
         if None not in (adam_w_mode, decoupled_weight_decay) and adam_w_mode != decoupled_weight_decay:
             raise ValueError(
                 f"Invalid decoupled_weight_decay value: {decoupled_weight_decay} contradicts "
@@ -78,6 +97,9 @@ class FusedAdam(FusedOptimizer):
 
     def _layout(self, group: dict) -> tuple:
         return (group["amsgrad"],)
+
+    def _check_state(self, state: dict) -> None:
+        check_moments(state)
 
     def _init_state(self, p, state, group) -> None:
         init_moments(p, state)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from .adam import init_moments
+from .adam import check_moments, init_moments
 from .norm import multi_tensor_l2norm
-from .optimizer import FusedOptimizer, check_betas, check_lr, check_nonnegative, check_range
+from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
+                        in_group_terms, is_real)
 
 
 class _LambBase(FusedOptimizer):
@@ -15,6 +16,9 @@ class _LambBase(FusedOptimizer):
         check_nonnegative("epsilon", group["eps"])
         check_nonnegative("weight_decay", group["weight_decay"])
         check_betas(group["betas"])
+
+    def _check_state(self, state: dict) -> None:
+        check_moments(state)
 
     def _init_state(self, p, state, group) -> None:
         init_moments(p, state)
@@ -65,12 +69,14 @@ class FusedLAMB(_LambBase):
     """
 
     op_name = "lamb_"
+    flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb", "trust_clip")
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
                  amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
                  trust_clip: bool = False, always_adapt: bool = False, fused: bool | None = None):
+        check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
         defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
@@ -82,7 +88,7 @@ class FusedLAMB(_LambBase):
     def _validate(self, group: dict) -> None:
         super()._validate(group)
         clip = group["max_grad_norm"]
-        check_range("max_grad_norm", clip, clip is None or (isinstance(clip, (int, float)) and clip >= 0),
+        check_range("max_grad_norm", clip, clip is None or (is_real(clip) and clip >= 0),
                     "use a norm > 0, or None / 0 for no clipping")
 
     def _prepare_step(self) -> None:
@@ -95,8 +101,13 @@ class FusedLAMB(_LambBase):
             self._grad_norm = self._global_grad_norm()
 
     def _global_grad_norm(self):
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        where = [(gi, i) for gi, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
+                 if p.grad is not None]
+        grads = [self.param_groups[gi]["params"][i].grad for gi, i in where]
+        try:
+            return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc
 
     def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
         """The base's direct call; when it does not happen and the (one) group clips, the general
@@ -142,6 +153,7 @@ class Lamb(_LambBase):
     """
 
     op_name = "colossal_lamb_"
+    flags = ("adam", "bias_correction")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,

@@ -41,6 +41,7 @@ class LARS(MomentumOptimizer):
     """
 
     op_name = "lars_"
+    flags = ("nesterov", "trust_clip", "always_adapt")
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.001,
@@ -90,6 +91,7 @@ class Lars(MomentumOptimizer):
     """
 
     op_name = "colossal_lars_"
+    flags = ("lars",)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, eeta: float = 1e-3,
                  weight_decay: float = 0.0, epsilon: float = 0.0, *, set_grad_none: bool = True,

@@ -5,6 +5,7 @@ An algorithm subclass declares data and small hooks:
 * ``op_name``: the op in :mod:`._ops` (kernel) and :mod:`._reference` (pure PyTorch) it calls;
 * ``_validate(group)``: torch-style ``ValueError`` for bad hyperparameters (defaults and every group);
 * ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names);
+* ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
   ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
   i.e. this is its first step);
@@ -31,6 +32,9 @@ the three-valued ``fused`` flag:
 
 from __future__ import annotations
 
+import bisect
+import numbers
+import re
 import warnings
 import weakref
 from collections import defaultdict
@@ -65,17 +69,44 @@ def check_lr(lr: Any) -> None:
                     "Tensor lr must be 1-element and floating point")
         check_range("learning rate", lr, float(lr) >= 0.0, "lr must be >= 0")
         return
-    check_range("learning rate", lr, isinstance(lr, (int, float)) and lr >= 0.0, "lr must be a float >= 0")
+    check_range("learning rate", lr, is_real(lr) and lr >= 0.0, "lr must be a float >= 0")
+
+
+def is_real(value: Any) -> bool:
+    """A real number as torch.optim takes one: int, float, or a numpy scalar such as numpy.float32."""
+    return isinstance(value, numbers.Real)
 
 
 def check_nonnegative(name: str, value: Any) -> None:
-    check_range(f"{name} value", value, isinstance(value, (int, float)) and value >= 0.0, f"{name} must be >= 0")
+    check_range(f"{name} value", value, is_real(value) and value >= 0.0, f"{name} must be >= 0")
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A boolean option: a bool (or numpy bool, or the int 0 / 1); a string such as "False" is
+    truthy in Python, so it is refused rather than silently read as True."""
+    ok = (isinstance(value, numbers.Integral) and value in (0, 1)) or type(value).__name__ == "bool_"
+    check_range(f"{name} value", repr(value), ok, f"{name} must be True or False")
+
+
+def scalar_dtype() -> torch.dtype:
+    """dtype of a step counter (torch.optim's ``_get_scalar_dtype``): float64 under a float64
+    default dtype, else float32."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
 def check_betas(betas: Any) -> None:
     check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
     for i, beta in enumerate(betas):
-        check_range(f"beta parameter at index {i}", beta, 0.0 <= beta < 1.0, "betas must be in [0, 1)")
+        check_range(f"beta parameter at index {i}", beta, is_real(beta) and 0.0 <= beta < 1.0,
+                    "betas must be in [0, 1)")
+
+
+def _step_as_tensor(state: dict) -> None:
+    """A plain-number ``step`` (state dicts of torch < 1.12) becomes the 0-dim counter torch.optim
+    makes of it when it loads one (``Adam.__setstate__``): the kernels count in a tensor."""
+    step = state.get("step")
+    if step is not None and not isinstance(step, Tensor):
+        state["step"] = torch.tensor(float(step), dtype=scalar_dtype())
 
 
 def _place_step(p: Tensor, state: dict) -> None:
@@ -109,12 +140,73 @@ class _Bucket:
         return self._id
 
 
+_INDEXED = re.compile(r"([A-Za-z_]+)\[(\d+)\]")  # a tensor list element in a kernel's message: grads[2]
+
+
+def in_group_terms(message: str, where: list[tuple[int, int]]) -> str:
+    """A kernel's error about the tensor lists it was given (``grads[2]``: the third) in the
+    user's terms: each ``name[k]`` gains ``(param i of group g)``, with ``(g, i) = where[k]``."""
+    def named(m: re.Match) -> str:
+        k = int(m.group(2))
+        return f"{m.group(0)} (param {where[k][1]} of group {where[k][0]})" if k < len(where) else m.group(0)
+
+    return _INDEXED.sub(named, message)
+
+
+def _extent(p: Tensor) -> tuple[int, int] | None:
+    """The byte range [start, end) spanned by ``p``'s elements; None when it has none, or when
+    there is no address to read (a tensor subclass, or a fake tensor under torch.compile)."""
+    if p.numel() == 0 or type(p) not in (Tensor, torch.nn.Parameter) or torch.compiler.is_compiling():
+        return None
+    last = sum((size - 1) * stride for size, stride in zip(p.shape, p.stride()))
+    return p.data_ptr(), p.data_ptr() + (last + 1) * p.element_size()
+
+
+class _Layers:
+    """Numbers a group's params, in order, so that no two params of one layer share memory: a
+    param that overlaps one of the current layer opens the next. Running the layers one after the
+    other updates overlapping params (the same param twice, overlapping views of one storage) in
+    their order in the group, as torch.optim's per-param loop does, while the params of one layer
+    may be updated concurrently. Views that interleave without sharing an element count as
+    overlapping (their byte ranges do): slower, same result."""
+
+    def __init__(self) -> None:
+        self.layer = 0
+        self._spans: dict[torch.device, tuple[list[int], list[int]]] = {}  # sorted disjoint [start, end)
+
+    def of(self, p: Tensor) -> int:
+        """The layer of the next param ``p``."""
+        span = _extent(p)
+        if span is None:
+            return self.layer
+        start, end = span
+        starts, ends = self._spans.setdefault(p.device, ([], []))
+        k = bisect.bisect_right(starts, start)
+        if (k > 0 and ends[k - 1] > start) or (k < len(starts) and starts[k] < end):
+            self.layer += 1
+            self._spans = {p.device: ([start], [end])}
+        else:
+            starts.insert(k, start)
+            ends.insert(k, end)
+        return self.layer
+
+
+@dataclass
+class _Created:
+    """State a plan made for a param's first step: the param's state dict, what it held before
+    (None: the dict itself is new), so a step that fails or is skipped can put it back."""
+
+    param: Tensor
+    state: dict
+    before: dict | None
+
+
 @dataclass
 class _Plan:
     key: tuple  # (the group's params list, the algorithm's layout): what the lists are built for
     has_grad: list[bool]  # which params had a grad when the plan was built
     buckets: list[_Bucket]
-    created: list[tuple[dict, list[str]]] = field(default_factory=list)  # state keys made for this step
+    created: list[_Created] = field(default_factory=list)  # state made for this step (undone if it fails)
     state_version: int = -1
     direct: bool = False  # one fused bucket holding every param of the group (see _step_direct)
 
@@ -141,6 +233,7 @@ class _StateDict(defaultdict):
 
 class FusedOptimizer(torch.optim.Optimizer):
     op_name: ClassVar[str]
+    flags: ClassVar[tuple[str, ...]] = ()  # the group's boolean options (checked by check_flag)
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
 
     def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
@@ -151,7 +244,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.implementation: str | None = "reference" if fused is False else None
         self._plans: dict[int, _Plan] = {}
         self._warned: set[str] = set()
-        self._validate(defaults)
+        self._check_group(defaults)
         super().__init__(params, defaults)
         self.state = _StateDict(self.state)
 
@@ -161,6 +254,9 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def _init_state(self, p: Tensor, state: dict, group: dict) -> None:
         raise NotImplementedError
+
+    def _check_state(self, state: dict) -> None:
+        """Raises for a loaded param state the algorithm cannot continue from (nothing is loaded)."""
 
     def _state_lists(self, group: dict, params: list[Tensor], states: list[dict], fresh: list[bool]) -> tuple:
         raise NotImplementedError
@@ -177,7 +273,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     # ---- torch.optim.Optimizer API ---------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
-        self._validate(merged)  # before torch adds the group: a bad group leaves no trace
+        self._check_group(merged)  # before torch adds the group: a bad group leaves no trace
         super().add_param_group(param_group)
         complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
         if complex_params:
@@ -191,6 +287,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
 
     def __setstate__(self, state: dict) -> None:
+        for param_state in state.get("state", {}).values():
+            self._check_state(param_state)
         super().__setstate__(state)
         for group in self.param_groups:  # groups saved by torch.optim lack our keys
             for key, value in self.defaults.items():
@@ -201,6 +299,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.__dict__.setdefault("implementation", "reference" if self.fused is False else None)
         self.__dict__.setdefault("_warned", set())
         self.state = _StateDict(self.state)
+        for param_state in self.state.values():
+            _step_as_tensor(param_state)
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -226,23 +326,19 @@ class FusedOptimizer(torch.optim.Optimizer):
             if self._step_direct(group, scalars, amp):
                 used.add("fused")
                 continue
-            grads = [p.grad for p in group["params"]]
-            plan = self._plan(gi, group, grads)
-            for bucket in plan.buckets:
-                bgrads = grads if bucket.whole else [grads[i] for i in bucket.index]
-                used.add(self._run(bucket, bgrads, gi, scalars, amp))
-            if plan.created:
-                # A skipped (overflow) first step must leave the params as never stepped.
-                if found_inf is not None and bool(found_inf.item()):
-                    for state, keys in plan.created:
-                        for k in keys:
-                            del state[k]
-                self._plans.pop(id(group), None)  # the lists change after a param's first step
+            used.update(self._step_general(gi, group, scalars, amp))
         if used:
             self.implementation = used.pop() if len(used) == 1 else "mixed"
         return loss
 
     # ---- internals --------------------------------------------------------------------------
+    def _check_group(self, group: dict) -> None:
+        """The algorithm's checks of a group's hyperparameters, after those of its boolean options."""
+        for name in self.flags:
+            if name in group:
+                check_flag(name, group[name])
+        self._validate(group)
+
     def _amp_args(self) -> tuple[Tensor | None, Tensor | None]:
         grad_scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
@@ -250,6 +346,43 @@ class FusedOptimizer(torch.optim.Optimizer):
             # GradScaler passes a plain 0 when it recorded no inf checks for this optimizer.
             found_inf = torch.tensor(float(found_inf))
         return grad_scale, found_inf
+
+    def _step_general(self, gi: int, group: dict, scalars: dict, amp: dict) -> set[str]:
+        """The group's step through its plan, bucket by bucket; returns the implementations used.
+
+        A step that raises leaves the group as it found it: the grads of the buckets after the
+        first are checked before the first runs (each op checks its own before it writes), and the
+        state made for first steps is removed with the plan, whose first-step flags would
+        otherwise stay set."""
+        grads = [p.grad for p in group["params"]]
+        plan = self._plan(gi, group, grads)
+        used = set()
+        try:
+            bucket_grads = [grads if b.whole else [grads[i] for i in b.index] for b in plan.buckets]
+            for bucket, bgrads in zip(plan.buckets[1:], bucket_grads[1:]):
+                self._check_grads(bucket, bgrads, gi)
+            for bucket, bgrads in zip(plan.buckets, bucket_grads):
+                used.add(self._run(bucket, bgrads, gi, scalars, amp))
+        except BaseException:
+            self._forget(group, plan)
+            raise
+        if plan.created:
+            found_inf = amp["found_inf"]
+            if found_inf is not None and bool(found_inf.item()):
+                self._forget(group, plan)  # a skipped (overflow) first step: params never stepped
+            self._plans.pop(id(group), None)  # the lists change after a param's first step
+        return used
+
+    def _forget(self, group: dict, plan: _Plan) -> None:
+        """Undo the state ``plan`` made for first steps (a param that never stepped has no state,
+        or the state it had) and drop the group's cached plan."""
+        for made in plan.created:
+            if made.before is None:
+                del self.state[made.param]
+            else:
+                made.state.clear()
+                made.state.update(made.before)
+        self._plans.pop(id(group), None)
 
     def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
         """The common case in one call, without touching a grad in Python: the group's cached plan
@@ -281,18 +414,42 @@ class FusedOptimizer(torch.optim.Optimizer):
         if plan is not None and plan.has_grad == has_grad:
             return plan
         plan = _Plan((id(group["params"]), self._layout(group)), has_grad, [])
+        try:
+            self._fill_plan(plan, gi, group, grads)
+        except BaseException:
+            self._forget(group, plan)
+            raise
+        plan.state_version = self.state.version
+        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
+        if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
+            self._plans[id(group)] = plan
+        return plan
+
+    def _fill_plan(self, plan: _Plan, gi: int, group: dict, grads: list) -> None:
+        """Makes the state of params on their first step (recorded in ``plan.created``) and cuts
+        the params with grads into ``plan.buckets``, run in order: params that share memory (the
+        same param twice, overlapping views) go to successive buckets (see ``_Layers``)."""
         kernels: dict[str, bool] = {}  # device type -> may use the kernels
-        by_kind: dict[tuple, list[int]] = {}
+        by_kind: dict[tuple, list[int]] = {}  # (layer, device, dtype, fused) -> indices, layers in order
+        layers = _Layers()
         for i, (p, g) in enumerate(zip(group["params"], grads)):
             if g is None:
                 continue
-            state = self.state.get(p, {})  # not self.state[p]: dynamo cannot trace our __missing__
-            before = set(state)
+            if not p.is_floating_point():
+                raise RuntimeError(
+                    f"{type(self).__name__}: param {i} of group {gi} has dtype {p.dtype}; only floating-point "
+                    "params can be optimized (torch.optim fails on it too); leave it out of the optimizer"
+                )
+            state = self.state.get(p)  # not self.state[p]: dynamo cannot trace our __missing__
+            new = state is None
+            if new:
+                state = {}
+            before = dict(state)
             self._init_state(p, state, group)
-            if len(state) != len(before):
-                plan.created.append((state, [k for k in state if k not in before]))
-                if p not in self.state:  # as torch.optim: a param without state tensors has no entry
-                    self.state[p] = state
+            if new and state:  # as torch.optim: a param without state tensors has no entry
+                self.state[p] = state
+            if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
+                plan.created.append(_Created(p, state, None if new else before))
             _place_step(p, state)
             kind = p.device.type
             if kind not in kernels:
@@ -300,19 +457,14 @@ class FusedOptimizer(torch.optim.Optimizer):
             reason = self._unfusable(p, state) if kernels[kind] else "kernels unavailable"
             if reason and self.fused is not False and kernels[kind]:
                 self._fallback(f"param {i} of group {gi} {reason}")
-            by_kind.setdefault((p.device, p.dtype, reason is None), []).append(i)
-        fresh_ids = {id(state) for state, _ in plan.created}
-        for (_, dtype, fused), index in by_kind.items():
+            by_kind.setdefault((layers.of(p), p.device, p.dtype, reason is None), []).append(i)
+        fresh_ids = {id(made.state) for made in plan.created}
+        for (_, _, dtype, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
-        plan.state_version = self.state.version
-        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
-        if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
-            self._plans[id(group)] = plan
-        return plan
 
     def _kernels_available(self, device_type: str) -> bool:
         """Whether the kernels for ``device_type`` built (building them now if needed); True for
@@ -351,9 +503,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
         """One op call for the bucket; returns which implementation ran.
 
-        The kernel checks the grads itself (dense, same dtype and size as their params) before it
+        The kernel checks the grads itself (dense, same dtype and shape as their params) before it
         writes anything, so the hot path does no per-grad Python check: a bucket the kernel
-        refuses is unchanged and is redone here by the reference path, or the error is raised."""
+        refuses is unchanged and is redone here by the reference path, or the error is raised,
+        naming params by their index in the group."""
         if bucket.fused:
             try:
                 if torch.compiler.is_compiling():  # the traceable op, with every list spelled out
@@ -361,22 +514,44 @@ class FusedOptimizer(torch.optim.Optimizer):
                 elif not self._step_twin(bucket, scalars, amp):
                     raise RuntimeError("fused_optim: a param lost its grad during the step")
                 return "fused"
-            except RuntimeError:
-                self._check_dense(bucket, grads, gi)
-                if all(g.dtype == bucket.dtype for g in grads):
-                    raise
-                self._fallback(f"group {gi} has gradients whose dtype differs from their params' ({bucket.dtype})")
-        self._check_dense(bucket, grads, gi)
+            except RuntimeError as exc:
+                self._check_grads(bucket, grads, gi)
+                mismatch = self._dtype_mismatch(bucket, grads, gi)
+                if mismatch is None:
+                    raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
+                self._fallback(mismatch)
+        self._check_grads(bucket, grads, gi)
         getattr(_reference, self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
         return "reference"
 
-    def _check_dense(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:
-        for i, g in zip(bucket.index, grads):
+    def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:
+        """Raises, naming the param by its index in its group, for a grad no implementation takes:
+        sparse, or not of its param's shape; with ``fused=True`` also for a grad whose dtype is
+        not its param's (``fused=None`` updates such a bucket by the reference implementation)."""
+        for i, p, g in zip(bucket.index, bucket.params, grads):
             if g.layout is not torch.strided:
                 raise RuntimeError(
                     f"{type(self).__name__}: param {i} of group {gi} has a sparse gradient; "
                     "fused_optim does not support sparse gradients (use torch.optim.SparseAdam)"
                 )
+            if g.shape != p.shape:
+                raise RuntimeError(
+                    f"{type(self).__name__}: param {i} of group {gi} has shape {tuple(p.shape)} but its gradient "
+                    f"has shape {tuple(g.shape)}; give each param a gradient of its own shape"
+                )
+        mismatch = self._dtype_mismatch(bucket, grads, gi)
+        if mismatch is not None and self.fused:
+            self._fallback(mismatch)
+
+    @staticmethod
+    def _dtype_mismatch(bucket: _Bucket, grads: list[Tensor], gi: int) -> str | None:
+        """Why a fused bucket's kernel cannot take these grads because of their dtype, or None."""
+        if bucket.fused:
+            for i, g in zip(bucket.index, grads):
+                if g.dtype != bucket.dtype:
+                    return (f"group {gi} has gradients whose dtype differs from their params' ({bucket.dtype}): "
+                            f"param {i} of group {gi} has a {g.dtype} gradient")
+        return None
 
     def _fallback(self, why: str) -> None:
         hint = "make the tensors contiguous/supported, or pass fused=False"

@@ -27,7 +27,8 @@ class MomentumOptimizer(FusedOptimizer):
         return (group["momentum"] != 0,)
 
     def _init_state(self, p, state, group) -> None:
-        if group["momentum"] != 0 and "momentum_buffer" not in state:
+        # None is torch.optim.SGD's "no buffer yet" (a param that never stepped with momentum).
+        if group["momentum"] != 0 and state.get("momentum_buffer") is None:
             state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
 
     def _state_lists(self, group, params, states, fresh) -> tuple:
@@ -74,6 +75,7 @@ class FusedSGD(MomentumOptimizer):
     """
 
     op_name = "sgd_"
+    flags = ("nesterov", "wd_after_momentum", "maximize", "materialize_master_grads")
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,

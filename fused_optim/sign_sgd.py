@@ -15,11 +15,12 @@ class SignSGD(MomentumOptimizer):
             buf ← g                      on this param's first step
             buf ← μ·buf + (1 − d)·g      afterwards
             g   ← g + μ·buf if nesterov else buf
-        p ← p − η·sign(g)                (sign(0) = 0)
+        p ← p − η·sign(g)                (sign(0) = sign(NaN) = 0, as torch.sign)
 
     This is mlbench_core's ``SignSGD`` (Bernstein et al., "signSGD: Compressed Optimisation for
     Non-Convex Problems", 2018; with momentum taken before the sign, i.e. Signum). State:
-    ``momentum_buffer``, as torch.optim.SGD.
+    ``momentum_buffer``, as torch.optim.SGD. A NaN in the direction leaves its element unchanged (the
+    reference's ``torch.sign``), while the NaN stays in the momentum buffer.
 
     Args:
         params: iterable of params or param-group dicts.
@@ -31,6 +32,7 @@ class SignSGD(MomentumOptimizer):
     """
 
     op_name = "sign_sgd_"
+    flags = ("nesterov",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, *, set_grad_none: bool = True,

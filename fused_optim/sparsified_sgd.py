@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
+
+
+_INT64_MAX = 2**63 - 1
 
 
 class SparsifiedSGD(FusedOptimizer):
@@ -14,8 +19,9 @@ class SparsifiedSGD(FusedOptimizer):
     k sparse_grad_size)::
 
         memory ← memory + η·g
+        k ← min(k, D)
         S ← k coordinates: a random subset (random_sparse) or a random block [b·k, b·k + k)
-            with b uniform in [0, ⌈D/k⌉) (the last block may be shorter)
+            with b uniform in [0, ⌈D/k⌉) (the last block may be shorter); none if D = 0
         s ← memory restricted to S ;  memory[S] ← 0
         p ← p − λ·p                 (λ is not multiplied by η, as in the reference)
         p ← p − s
@@ -31,7 +37,12 @@ class SparsifiedSGD(FusedOptimizer):
     reference needs (1, D)), the block choice covers every coordinate (the reference never sends
     the last D mod k), and the coordinates come from the optimizer's own ``torch.Generator``
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
-    same coordinates. State: ``memory`` per param, and ``estimated_w`` from the first call of
+    same coordinates. Where the reference fails, a k larger than a param sends all of its
+    coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
+    biases may be smaller than k next to weights far larger, so an error would force a param group
+    per tensor size; and an empty param sends nothing and draws nothing from the generator (the
+    reference divides by zero). The averaging keeps the reference's τ = D/k also for k > D.
+    State: ``memory`` per param, and ``estimated_w`` from the first call of
     ``update_estimated_weights`` / ``get_estimated_weights`` (starting as the param then).
 
     Args:
@@ -44,6 +55,7 @@ class SparsifiedSGD(FusedOptimizer):
     """
 
     op_name = "sparsified_sgd_"
+    flags = ("random_sparse",)
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, sparse_grad_size: int = 10,
                  random_sparse: bool = False, *, seed: int | None = None, set_grad_none: bool = True,
@@ -61,7 +73,8 @@ class SparsifiedSGD(FusedOptimizer):
         check_lr(group["lr"])
         check_nonnegative("weight_decay", group["weight_decay"])
         k = group["sparse_grad_size"]
-        check_range("sparse_grad_size", k, isinstance(k, int) and k >= 1, "need an int >= 1")
+        check_range("sparse_grad_size", k, isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1,
+                    "need an int >= 1")
 
     def _init_state(self, p, state, group) -> None:
         if "memory" not in state:
@@ -71,7 +84,9 @@ class SparsifiedSGD(FusedOptimizer):
         return ([st["memory"] for st in states],), ()
 
     def _scalars(self, group: dict) -> dict:
-        return dict(lr=group["lr"], weight_decay=group["weight_decay"], sparse_grad_size=group["sparse_grad_size"],
+        # k is clamped to each param's size in the op; an int64 holds any size
+        k = min(int(group["sparse_grad_size"]), _INT64_MAX)
+        return dict(lr=group["lr"], weight_decay=group["weight_decay"], sparse_grad_size=k,
                     random_sparse=bool(group["random_sparse"]), generator=self.generator)
 
     @torch.no_grad()
@@ -82,6 +97,9 @@ class SparsifiedSGD(FusedOptimizer):
         for group in self.param_groups:
             k = sparse_vector_size or group["sparse_grad_size"]
             for p in group["params"]:
+                if p.numel() == 0:  # nothing to average (and τ = 0 makes ρ_0 = 0/0)
+                    self._estimate(p)
+                    continue
                 tau = p.numel() / k
                 rho = 6 * (t + tau) ** 2 / ((1 + t) * (6 * tau**2 + t + 6 * tau * t + 2 * t**2))
                 est = self._estimate(p)

@@ -343,8 +343,6 @@ def test_older_state_dicts_without_the_newer_flags_load(name):
     fresh.step()
 
 
-@pytest.mark.xfail(strict=True, reason="loading a checkpoint whose 'step' is a plain number (torch < 1.12) "
-                                       "does not convert it to a tensor (FusedOptimizer.__setstate__)")
 @pytest.mark.parametrize("name", ("Adam", "AdamW"))
 def test_a_plain_number_step_loads_like_torch(name):
     ours_cls, torch_cls = OUR_INFOS[name].optim_cls, TORCH_INFOS[name].optim_cls

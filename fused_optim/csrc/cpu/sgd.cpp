@@ -21,8 +21,7 @@ struct SgdMath {
   static V step_of(const V& d) {
     if constexpr (D == Direction::kSign) {
       const V zero(0);
-      const V sign = d.gt(zero) - d.lt(zero);
-      return V::blendv(sign, d, d != d);  // NaN stays NaN, as torch.sign
+      return d.gt(zero) - d.lt(zero);  // 0 for 0 and NaN, as torch.sign
     } else {
       return d;
     }

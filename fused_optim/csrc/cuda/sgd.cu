@@ -22,7 +22,7 @@ constexpr double kMaxColossalTrust = 50.0;
 template <typename M, SgdDirection D>
 __device__ __forceinline__ M direction_of(M d) {
   if constexpr (D == SgdDirection::kSign) {
-    return d > M(0) ? M(1) : d < M(0) ? M(-1) : d;  // 0 and NaN stay, as torch.sign
+    return d > M(0) ? M(1) : d < M(0) ? M(-1) : M(0);  // 0 for 0 and NaN, as torch.sign
   } else {
     return d;
   }

@@ -58,7 +58,7 @@ class ContiguousTensors {
   std::vector<c10::MaybeOwned<at::Tensor>> tensors_;
 };
 
-// Checks the grads against their params (dtype, size, device, dense) and returns them contiguous.
+// Checks the grads against their params (dtype, shape, device, dense) and returns them contiguous.
 inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
   check_same_size(op, "grads", params, grads);
   ContiguousTensors out;
@@ -67,11 +67,11 @@ inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at
     const auto& g = grads[i];
     TORCH_CHECK(g.layout() == at::kStrided, "fused_optim::", op, ": grads[", i,
                 "] is sparse; fused_optim does not support sparse gradients (use torch.optim.SparseAdam)");
-    TORCH_CHECK(g.scalar_type() == params[i].scalar_type() && g.numel() == params[i].numel() &&
+    TORCH_CHECK(g.scalar_type() == params[i].scalar_type() && g.sizes() == params[i].sizes() &&
                     g.device() == params[i].device(),
-                "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", ", g.numel(),
-                " elements) does not match its param (", params[i].scalar_type(), ", ", params[i].numel(),
-                " elements)");
+                "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", shape ", g.sizes(), ", ", g.device(),
+                ") does not match its param (", params[i].scalar_type(), ", shape ", params[i].sizes(), ", ",
+                params[i].device(), ")");
     out.push_back(g);
   }
   return out;
