@@ -97,7 +97,8 @@ def scalar_dtype() -> torch.dtype:
 def check_betas(betas: Any) -> None:
     check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
     for i, beta in enumerate(betas):
-        check_range(f"beta parameter at index {i}", beta, is_real(beta) and 0.0 <= beta < 1.0,
+        number = is_real(beta) or (isinstance(beta, Tensor) and beta.numel() == 1)  # (torch takes Tensor betas)
+        check_range(f"beta parameter at index {i}", beta, number and 0.0 <= float(beta) < 1.0,
                     "betas must be in [0, 1)")
 
 
