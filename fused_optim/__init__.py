@@ -5,7 +5,7 @@
     opt = fused_optim.FusedAdam(model.parameters(), lr=1e-3)          # apex's: AdamW by default
     opt = fused_optim.create_optimizer("sgd", model.parameters(), lr=0.1, momentum=0.9)
 
-See README.md for the algorithms, the ``fused`` flag and the environment variables.
+The update rules are in docs/algorithms.md; the ``fused`` flag and the environment variables in README.md.
 """
 
 from . import _ops  # noqa: F401  (defines the op schemas)
