@@ -85,9 +85,10 @@ struct BucketTwin<Fn, cpu, Scalars<Rest...>> {
 
   static auto make(const std::string& list_op) {
     return [twin = list_op + "bucket", qualified = "fused_optim::" + list_op](int64_t bucket, Rest... rest) {
-      return step_bucket(twin.c_str(), bucket, kBucketLists, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-        call(qualified.c_str(), l, grads, std::make_index_sequence<kBucketLists - 1>{}, rest...);
-      });
+      return step_bucket(twin.c_str(), bucket, kBucketLists,
+                         [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+                           call(qualified.c_str(), l, grads, std::make_index_sequence<kBucketLists - 1>{}, rest...);
+                         });
     };
   }
 

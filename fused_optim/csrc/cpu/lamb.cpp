@@ -12,7 +12,7 @@
 // is read twice, in one two-pass launch (multi_tensor_two_pass) that updates a tensor right after
 // its sums, while it is in the cache.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
-//   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
+//   colossal_lamb_ ColossalLamb (ColossalAI Lamb): c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
 #include "multi_tensor.h"
 #include "ops.h"

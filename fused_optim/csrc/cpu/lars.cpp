@@ -4,8 +4,9 @@
 //   lars_          quadra LARS (+ timm's trust_clip / always_adapt), fused_optim/lars.py:
 //                  r = tc*||p||/(||g|| + wd*||p|| + eps) (trust_clip: min(r/lr, 1)) when
 //                  (wd != 0 or always_adapt) and both norms are non-zero: d = (g + wd*p)*r; else d = g
-//   colossal_lars_ ColossalAI Lars, fused_optim/lars.py: r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50)
-//                  (1 if a norm is 0) scales the lr; d = clamp(g + wd*p, -10, 10); plain momentum
+//   colossal_lars_ ColossalLars (ColossalAI's Lars), fused_optim/lars.py:
+//                  r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50) (1 if a norm is 0) scales the lr;
+//                  d = clamp(g + wd*p, -10, 10); plain momentum
 #include "multi_tensor.h"
 #include "ops.h"
 #include "sgd_family.h"
