@@ -4,7 +4,9 @@
 //   m <- m + (1-beta1)*(g - m) ; v <- beta2*v + (1-beta2)*g*g ; vmax <- max(vmax, v) (amsgrad)
 //   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^step (or 1)
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
 
 #include <cmath>
 

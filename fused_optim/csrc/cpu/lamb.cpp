@@ -14,8 +14,12 @@
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
 //   colossal_lamb_ ColossalLamb (ColossalAI Lamb): c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
+#include "fixed_order_sums.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
+#include "two_pass.h"
 
 #include <algorithm>
 #include <cmath>

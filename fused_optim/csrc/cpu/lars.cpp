@@ -7,7 +7,7 @@
 //   colossal_lars_ ColossalLars (ColossalAI's Lars), fused_optim/lars.py:
 //                  r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50) (1 if a norm is 0) scales the lr;
 //                  d = clamp(g + wd*p, -10, 10); plain momentum
-#include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
 #include "sgd_family.h"
 

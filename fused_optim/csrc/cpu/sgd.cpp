@@ -1,9 +1,13 @@
 // The SGD family kernel (see sgd_family.h) and the ops that are nothing but it:
 //   sgd_      torch.optim.SGD (fused_optim/sgd.py)
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
+#include "fixed_order_sums.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
 #include "sgd_family.h"
+#include "simd_blocks.h"
+#include "two_pass.h"
 
 #include <cmath>
 #include <type_traits>

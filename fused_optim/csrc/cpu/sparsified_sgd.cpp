@@ -6,7 +6,9 @@
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
 #include "../shared/sparse_indices.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
 
 namespace fused_optim {
 namespace {
