@@ -66,8 +66,8 @@ class FusedAdam(FusedOptimizer):
         p ← p − (η / bc1) · m / (√v̂ / √bc2 + eps)
 
     This is ``torch.optim.AdamW`` (``decoupled_weight_decay=True``, the default, as in
-    apex/ColossalAI FusedAdam) or ``torch.optim.Adam`` (``decoupled_weight_decay=False``), with torch's state names
-    (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and group key
+    apex/ColossalAI FusedAdam) or ``torch.optim.Adam`` (``decoupled_weight_decay=False``), with
+    torch's state names (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and group key
     ``decoupled_weight_decay``, so state dicts move between the two in both directions.
     ``bias_correction=False`` gives ColossalAI CPUAdam/HybridAdam's option of the same name.
 
