@@ -12,8 +12,8 @@ from . import _ops  # noqa: F401  (defines the op schemas)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
-from .lamb import FusedLAMB, Lamb
-from .lars import LARS, Lars
+from .lamb import ColossalLamb, FusedLAMB, Lamb
+from .lars import LARS, ColossalLars, Lars
 from .norm import multi_tensor_l2norm, sum_squares_
 from .optimizer import FusedOptimizer
 from .registry import create_optimizer, list_optimizers
@@ -26,13 +26,15 @@ __all__ = [
     "Adam",
     "AdamW",
     "AdaScale",
+    "ColossalLamb",
+    "ColossalLars",
     "LARS",
     "FusedAdam",
     "FusedLAMB",
     "FusedOptimizer",
     "FusedSGD",
-    "Lamb",
-    "Lars",
+    "Lamb",  # = ColossalLamb (ColossalAI's class name)
+    "Lars",  # = ColossalLars
     "SGD",
     "SignSGD",
     "SparsifiedSGD",

@@ -24,7 +24,9 @@ twin reads each param's ``.grad`` itself, so a step passes no tensor list at all
 converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
 when it stepped and 1, changing nothing, when a registered param has no grad. The twins mutate
 tensors their schema does not name and bump their version counters themselves: they are for plain
-eager steps, never traced; ``torch.compile`` uses the list ops.
+eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from one entry of
+``UPDATE_OPS``, and the C++ side generates every twin from its list op's implementation
+(``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin code.
 
 ``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
 ``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor

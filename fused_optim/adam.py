@@ -32,9 +32,23 @@ def init_moments(p, state: dict) -> None:
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
 
 
+def decoupled_flag(decoupled_weight_decay: bool | None, adam_w_mode: bool | None) -> bool:
+    """The decoupled-weight-decay flag given as torch's ``decoupled_weight_decay`` or as apex's
+    ``adam_w_mode`` (the same flag; either or both, if they agree), True (AdamW) when neither is."""
+    for name, flag in (("decoupled_weight_decay", decoupled_weight_decay), ("adam_w_mode", adam_w_mode)):
+        if flag is not None:
+            check_flag(name, flag)
+    if None not in (adam_w_mode, decoupled_weight_decay) and adam_w_mode != decoupled_weight_decay:
+        raise ValueError(
+            f"Invalid decoupled_weight_decay value: {decoupled_weight_decay} contradicts "
+            f"adam_w_mode={adam_w_mode} (they are the same flag; give one)"
+        )
+    return next((m for m in (decoupled_weight_decay, adam_w_mode) if m is not None), True)
+
+
 class FusedAdam(FusedOptimizer):
     r"""apex/ColossalAI ``FusedAdam``: their signature and defaults (AdamW by default with
-    ``weight_decay=0``, ``adam_w_mode``, ``bias_correction``). For ``torch.optim.Adam`` /
+    ``weight_decay=0``, ``bias_correction``). For ``torch.optim.Adam`` /
     ``AdamW``'s use :class:`Adam` / :class:`AdamW`.
 
     Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
@@ -43,7 +57,7 @@ class FusedAdam(FusedOptimizer):
 
         t ← t + 1
         g ← −g                                          if maximize
-        p ← p·(1 − η·λ)                                 if adam_w_mode (decoupled, AdamW)
+        p ← p·(1 − η·λ)                                 if decoupled_weight_decay (AdamW)
         g ← g + λ·p                                     otherwise (L2, Adam)
         m ← m + (1 − β1)·(g − m)                        (= β1·m + (1 − β1)·g)
         v ← β2·v + (1 − β2)·g²
@@ -51,17 +65,17 @@ class FusedAdam(FusedOptimizer):
         bc1 = 1 − β1^t, bc2 = 1 − β2^t                  (both 1 if not bias_correction)
         p ← p − (η / bc1) · m / (√v̂ / √bc2 + eps)
 
-    This is ``torch.optim.AdamW`` (``adam_w_mode=True``, the default, as in apex/ColossalAI
-    FusedAdam) or ``torch.optim.Adam`` (``adam_w_mode=False``), with torch's state names
-    (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and group key
+    This is ``torch.optim.AdamW`` (``decoupled_weight_decay=True``, the default, as in
+    apex/ColossalAI FusedAdam) or ``torch.optim.Adam`` (``decoupled_weight_decay=False``), with
+    torch's state names (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq``) and group key
     ``decoupled_weight_decay``, so state dicts move between the two in both directions.
     ``bias_correction=False`` gives ColossalAI CPUAdam/HybridAdam's option of the same name.
 
     Args:
         params: iterable of params or param-group dicts.
         lr, betas, eps, weight_decay, amsgrad, maximize: as in torch.optim.Adam.
-        adam_w_mode: decoupled weight decay (AdamW). ``decoupled_weight_decay`` is torch's name
-            for the same flag; give one of them.
+        decoupled_weight_decay: decoupled weight decay (AdamW; default True). ``adam_w_mode``,
+            apex/ColossalAI's name for the same flag, is accepted too; give one of them.
         bias_correction: divide the moments by 1 − β^t.
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
         fused: None (kernels when possible), True (kernels or error), False (reference).
@@ -75,17 +89,9 @@ class FusedAdam(FusedOptimizer):
                  adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
                  fused: bool | None = None):
-        for name, flag in (("adam_w_mode", adam_w_mode), ("decoupled_weight_decay", decoupled_weight_decay)):
-            if flag is not None:
-                check_flag(name, flag)
-        if None not in (adam_w_mode, decoupled_weight_decay) and adam_w_mode != decoupled_weight_decay:
-            raise ValueError(
-                f"Invalid decoupled_weight_decay value: {decoupled_weight_decay} contradicts "
-                f"adam_w_mode={adam_w_mode} (they are the same flag; give one)"
-            )
-        adam_w_mode = next((m for m in (adam_w_mode, decoupled_weight_decay) if m is not None), True)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        decoupled_weight_decay=adam_w_mode, bias_correction=bias_correction,
+                        decoupled_weight_decay=decoupled_flag(decoupled_weight_decay, adam_w_mode),
+                        bias_correction=bias_correction,
                         maximize=maximize)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
 

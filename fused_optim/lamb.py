@@ -1,8 +1,9 @@
-"""LAMB: FusedLAMB (apex/ColossalAI FusedLAMB = timm Lamb) and Lamb (ColossalAI's non-fused one)."""
+"""LAMB: FusedLAMB (apex/ColossalAI FusedLAMB = timm Lamb) and ColossalLamb (ColossalAI's non-fused
+``Lamb``, also importable under that name)."""
 
 from __future__ import annotations
 
-from .adam import check_moments, init_moments
+from .adam import check_moments, decoupled_flag, init_moments
 from .norm import multi_tensor_l2norm
 from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
                         in_group_terms, is_real)
@@ -40,10 +41,10 @@ class FusedLAMB(_LambBase):
         per param:  t ← t + 1 ; bc1 = 1 − β1^t, bc2 = 1 − β2^t (both 1 if not bias_correction)
                     β3 = 1 − β1 if grad_averaging else 1
             ĝ ← g / clip
-            ĝ ← ĝ + λ·p                                     if not adam_w_mode (L2)
+            ĝ ← ĝ + λ·p                                     if not decoupled_weight_decay (L2)
             m ← β1·m + β3·ĝ ;  v ← β2·v + (1 − β2)·ĝ²
             u ← (m / bc1) / (√(v / bc2) + eps)
-            u ← u + λ·p                                     if adam_w_mode (decoupled)
+            u ← u + λ·p                                     if decoupled_weight_decay
             r ← ‖p‖ / ‖u‖ if (use_nvlamb or λ ≠ 0) and ‖p‖ ≠ 0 and ‖u‖ ≠ 0, else 1
             r ← min(r, 1)                                   if trust_clip
             p ← p − η·r·u
@@ -59,7 +60,9 @@ class FusedLAMB(_LambBase):
     Args:
         params: iterable of params or param-group dicts.
         lr, betas, eps, weight_decay: η, (β1, β2), eps, λ.
-        bias_correction, grad_averaging, adam_w_mode: as above.
+        bias_correction, grad_averaging, decoupled_weight_decay: as above (decoupled_weight_decay
+            default True). ``adam_w_mode``, apex/ColossalAI's name for decoupled_weight_decay (and
+            the param-group key), is accepted too; give one of them.
         max_grad_norm: clip the global grad norm to this (None or 0: no clipping).
         use_nvlamb / always_adapt: apply the trust ratio with λ = 0 too.
         trust_clip: cap the trust ratio at 1.
@@ -73,14 +76,15 @@ class FusedLAMB(_LambBase):
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
-                 amsgrad: bool = False, adam_w_mode: bool = True, grad_averaging: bool = True,
+                 amsgrad: bool = False, adam_w_mode: bool | None = None, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
-                 trust_clip: bool = False, always_adapt: bool = False, fused: bool | None = None):
+                 trust_clip: bool = False, always_adapt: bool = False, decoupled_weight_decay: bool | None = None,
+                 fused: bool | None = None):
         check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps,
-                        weight_decay=weight_decay, adam_w_mode=adam_w_mode, grad_averaging=grad_averaging,
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        adam_w_mode=decoupled_flag(decoupled_weight_decay, adam_w_mode), grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
         self._grad_norm = None
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
@@ -127,8 +131,9 @@ class FusedLAMB(_LambBase):
                     global_grad_norm=self._grad_norm if group["max_grad_norm"] else None)
 
 
-class Lamb(_LambBase):
-    r"""ColossalAI's (non-fused) ``Lamb``, the pytorch-lamb algorithm, here fused per group.
+class ColossalLamb(_LambBase):
+    r"""ColossalAI's (non-fused) ``Lamb``, the pytorch-lamb algorithm, here fused per group; also
+    importable as :data:`Lamb`, ColossalAI's class name.
 
     Update rule (η lr, λ weight_decay, t the param's step)::
 
@@ -166,3 +171,7 @@ class Lamb(_LambBase):
         beta1, beta2 = group["betas"]
         return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                     adam=group["adam"], bias_correction=group["bias_correction"])
+
+
+# ColossalAI's class name, for code and configs written for ColossalAI (the same class).
+Lamb = ColossalLamb

@@ -1,4 +1,5 @@
-"""Layer-wise adaptive rate scaling: LARS (quadra, with timm's options) and Lars (ColossalAI)."""
+"""Layer-wise adaptive rate scaling: LARS (quadra, with timm's options) and ColossalLars (ColossalAI's
+``Lars``, also importable under that name)."""
 
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ class LARS(MomentumOptimizer):
                     trust_clip=group["trust_clip"], always_adapt=group["always_adapt"])
 
 
-class Lars(MomentumOptimizer):
-    r"""ColossalAI's ``Lars``: the trust ratio scales the learning rate, the direction is clamped.
+class ColossalLars(MomentumOptimizer):
+    r"""ColossalAI's ``Lars``: the trust ratio scales the learning rate, the direction is clamped. Also
+    importable as :data:`Lars`, ColossalAI's class name.
 
     Update rule, per parameter p with gradient g (λ weight_decay, μ momentum, η lr)::
 
@@ -107,3 +109,7 @@ class Lars(MomentumOptimizer):
     def _scalars(self, group: dict) -> dict:
         return dict(lr=group["lr"], momentum=group["momentum"], eeta=group["eeta"],
                     weight_decay=group["weight_decay"], epsilon=group["epsilon"], lars=bool(group["lars"]))
+
+
+# ColossalAI's class name, for code and configs written for ColossalAI (the same class).
+Lars = ColossalLars

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .adam import FusedAdam
-from .lamb import FusedLAMB, Lamb
-from .lars import LARS, Lars
+from .lamb import ColossalLamb, FusedLAMB
+from .lars import LARS, ColossalLars
 from .sgd import FusedSGD
 from .sign_sgd import SignSGD
 from .sparsified_sgd import SparsifiedSGD
@@ -55,6 +55,11 @@ def list_optimizers() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# Other class names of registered classes: ColossalAI's, under which configs written for
+# ColossalAI name them (the framework adapters register the classes under these names too).
+CLASS_ALIASES: dict[str, type[torch.optim.Optimizer]] = {"Lamb": ColossalLamb, "Lars": ColossalLars}
+
+
 for _spec in (
     OptimizerSpec("sgd", SGD, {}, "torch.optim.SGD: its signature and defaults"),
     OptimizerSpec("fused_sgd", FusedSGD, {}, "apex/ColossalAI FusedSGD"),
@@ -64,10 +69,10 @@ for _spec in (
     OptimizerSpec("lamb", FusedLAMB, {}, "LAMB as apex/ColossalAI FusedLAMB and timm Lamb"),
     OptimizerSpec("fused_lamb", FusedLAMB, {}, "apex/ColossalAI FusedLAMB"),
     OptimizerSpec("nvlamb", FusedLAMB, {"use_nvlamb": True}, "LAMB with the trust ratio on every tensor"),
-    OptimizerSpec("colossalai_lamb", Lamb, {}, "ColossalAI's non-fused Lamb (pytorch-lamb algorithm)"),
+    OptimizerSpec("colossalai_lamb", ColossalLamb, {}, "ColossalAI's non-fused Lamb (pytorch-lamb algorithm)"),
     OptimizerSpec("lars", LARS, {}, "LARS as quadra (timm Lars options: trust_clip, always_adapt)"),
     OptimizerSpec("larc", LARS, {"trust_clip": True}, "LARS with LARC clipping of the trust ratio"),
-    OptimizerSpec("colossalai_lars", Lars, {}, "ColossalAI's Lars (trust ratio on the lr, clamped)"),
+    OptimizerSpec("colossalai_lars", ColossalLars, {}, "ColossalAI's Lars (trust ratio on the lr, clamped)"),
     OptimizerSpec("sign_sgd", SignSGD, {}, "mlbench SignSGD (momentum before the sign)"),
     OptimizerSpec("sparsified_sgd", SparsifiedSGD, {}, "mlbench SparsifiedSGD (error feedback, k coordinates)"),
 ):

@@ -8,7 +8,7 @@ from .optimizer import FusedOptimizer, check_lr, check_nonnegative
 
 
 class MomentumOptimizer(FusedOptimizer):
-    """Base of the SGD family (SGD, SignSGD, LARS, Lars): torch.optim.SGD's ``momentum_buffer``
+    """Base of the SGD family (SGD, SignSGD, LARS, ColossalLars): torch.optim.SGD's ``momentum_buffer``
     state and first-step flags, and validation of lr, momentum, dampening, weight decay and
     nesterov (the keys a group has)."""
 

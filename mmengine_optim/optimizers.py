@@ -1,7 +1,8 @@
 """Every optimizer of :mod:`fused_optim.registry`, registered for mmengine configs.
 
 In our scope (``type='mmengine_optim.<name>'``, no ``custom_imports`` needed) each optimizer class
-is registered under its class name (``FusedSGD``, ``FusedLAMB``, …) and each entry of the core
+is registered under its class name (``FusedSGD``, ``FusedLAMB``, …, and ColossalAI's ``Lars`` /
+``Lamb`` for ``ColossalLars`` / ``ColossalLamb``: ``CLASS_ALIASES``) and each entry of the core
 registry under its entry name (``adamw``, ``nvlamb``, …: the class with the entry's defaults).
 After ``custom_imports=dict(imports=['mmengine_optim'])`` the names work bare too: they are added
 to mmengine's root registry, except where the name is already taken (another library's
@@ -18,7 +19,7 @@ import functools
 
 from mmengine import registry as _root
 
-from fused_optim.registry import OptimizerSpec, create_optimizer, get_spec, list_optimizers
+from fused_optim.registry import CLASS_ALIASES, OptimizerSpec, create_optimizer, get_spec, list_optimizers
 
 from .registry import OPTIMIZERS, register
 
@@ -43,3 +44,5 @@ def register_optimizers() -> None:
         spec = get_spec(name)
         register(OPTIMIZERS, spec.cls)
         register(OPTIMIZERS, _entry_factory(spec))
+    for alias, cls in CLASS_ALIASES.items():
+        register(OPTIMIZERS, cls, alias)

@@ -126,6 +126,22 @@ def test_lamb_max_grad_norm_none_or_zero_disables_clipping(max_grad_norm):
     torch.testing.assert_close(opt.state[p]["exp_avg"], 0.1 * g, rtol=1e-12, atol=0.0)
 
 
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_lamb_takes_torchs_name_for_the_decoupled_decay_flag(decoupled):
+    """decoupled_weight_decay (torch's name) is apex's adam_w_mode: the same group and the same step."""
+    gen = torch.Generator().manual_seed(5)
+    p0 = torch.randn(50, generator=gen, dtype=torch.float64)
+    g = torch.randn(50, generator=gen, dtype=torch.float64)
+    params = [torch.nn.Parameter(p0.clone()) for _ in range(2)]
+    opts = [fused_optim.FusedLAMB([params[0]], lr=0.1, weight_decay=0.1, decoupled_weight_decay=decoupled),
+            fused_optim.FusedLAMB([params[1]], lr=0.1, weight_decay=0.1, adam_w_mode=decoupled)]
+    for p, opt in zip(params, opts):
+        assert opt.param_groups[0]["adam_w_mode"] is decoupled
+        p.grad = g.clone()
+        opt.step()
+    assert torch.equal(params[0], params[1]) and not torch.equal(params[0], p0)
+
+
 @pytest.mark.parametrize("cls, kw", [(fused_optim.LARS, dict(lr=0.1, momentum=0.9, weight_decay=0.1)),
                                      (fused_optim.Lars, dict(lr=0.1, momentum=0.9, weight_decay=0.1))],
                          ids=["LARS", "Lars"])

@@ -31,6 +31,15 @@ def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
     assert root.HOOKS.get("mmengine_optim.UpdateParamSchedulerHook") is mmengine_optim.UpdateParamSchedulerHook
 
 
+def test_colossalai_class_names_build_the_colossal_classes():
+    """Configs written for ColossalAI name its Lars / Lamb: scoped and bare, they build ours."""
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for alias, cls in (("Lars", fused_optim.ColossalLars), ("Lamb", fused_optim.ColossalLamb)):
+        assert root.OPTIMIZERS.get(f"mmengine_optim.{alias}") is cls
+        assert root.OPTIMIZERS.get(alias) is cls
+        assert type(root.OPTIMIZERS.build(dict(type=f"mmengine_optim.{alias}", params=p, lr=0.1))) is cls
+
+
 def test_entry_factories_apply_the_entry_defaults():
     import torch
     p = [torch.nn.Parameter(torch.zeros(2))]

@@ -144,6 +144,25 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
         twin(bucket, *per_step, **kwargs)
 
 
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_bucket_twin_refuses_a_bucket_with_another_number_of_lists(op):
+    """A twin takes as many lists as its list op has tensor lists, less the grads (params and
+    state lists), and names itself and both counts otherwise, changing nothing."""
+    args, kwargs = sample_args(op, torch.float32, amp=False)
+    params, _, *rest = args
+    state, per_step = state_and_per_step(op, rest)
+    lists = [params, *state, params]  # one list too many
+    before = [t.clone() for t in params]
+    bucket = torch.ops.fused_optim.bucket_new([t for lst in lists for t in lst], [len(lst) for lst in lists])
+    try:
+        with pytest.raises(RuntimeError, match=rf"fused_optim::{op}bucket: bucket {bucket} holds {len(lists)} lists, "
+                                               rf"the op needs {len(lists) - 1}"):
+            getattr(torch.ops.fused_optim, op + "bucket")(bucket, *per_step, **kwargs)
+    finally:
+        torch.ops.fused_optim.bucket_free(bucket)
+    assert all(torch.equal(a, b) for a, b in zip(params, before))
+
+
 def test_buckets_are_freed_with_their_optimizer():
     import gc
 

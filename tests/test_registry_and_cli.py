@@ -32,10 +32,10 @@ def test_names_create_the_right_variant():
 @pytest.mark.parametrize("name, cls, expected", [
     ("lamb", "FusedLAMB", {"use_nvlamb": False, "max_grad_norm": 1.0}),
     ("nvlamb", "FusedLAMB", {"use_nvlamb": True}),
-    ("colossalai_lamb", "Lamb", {"adam": False}),
+    ("colossalai_lamb", "ColossalLamb", {"adam": False}),
     ("lars", "LARS", {"trust_clip": False}),
     ("larc", "LARS", {"trust_clip": True}),
-    ("colossalai_lars", "Lars", {"lars": True, "eeta": 1e-3}),
+    ("colossalai_lars", "ColossalLars", {"lars": True, "eeta": 1e-3}),
     ("sign_sgd", "SignSGD", {"momentum": 0.0}),
     ("sparsified_sgd", "SparsifiedSGD", {"sparse_grad_size": 10}),
 ])
@@ -43,6 +43,14 @@ def test_layerwise_names(name, cls, expected):
     opt = create_optimizer(name, [torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     assert type(opt) is getattr(fused_optim, cls)
     assert {k: opt.defaults[k] for k in expected} == expected
+
+
+def test_colossalai_class_names_are_aliases_of_the_colossal_classes():
+    """ColossalAI's Lars / Lamb: our ColossalLars / ColossalLamb under ColossalAI's names."""
+    assert fused_optim.registry.CLASS_ALIASES == {"Lars": fused_optim.ColossalLars, "Lamb": fused_optim.ColossalLamb}
+    assert fused_optim.Lars is fused_optim.ColossalLars and fused_optim.Lamb is fused_optim.ColossalLamb
+    assert (fused_optim.Lars.__name__, fused_optim.Lamb.__name__) == ("ColossalLars", "ColossalLamb")
+    assert {"ColossalLars", "ColossalLamb", "Lars", "Lamb"} <= set(fused_optim.__all__)
 
 
 def test_unknown_name_lists_the_known_ones():

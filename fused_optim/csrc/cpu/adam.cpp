@@ -3,9 +3,10 @@
 //   g <- ±g / grad_scale ; p <- p*(1 - lr*wd) (decoupled) | g <- g + wd*p (L2)
 //   m <- m + (1-beta1)*(g - m) ; v <- beta2*v + (1-beta2)*g*g ; vmax <- max(vmax, v) (amsgrad)
 //   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^step (or 1)
-#include "bucket.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
 
 #include <cmath>
 
@@ -111,18 +112,6 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
     });
   });
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
-}
-
-// The bucket twin: lists {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps} registered once;
-// the grads are read from the params. Returns kMissingGrad, changing nothing, when one has none.
-int64_t adam_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
-                    bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-                    const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("adam_bucket", bucket, 5, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    run_on_device("fused_optim::adam_", adam_cpu, l[0], grads, l[1], l[2], l[3], l[4], lr, beta1, beta2, eps,
-                  weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf);
-  });
 }
 
 }  // namespace fused_optim

@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace fused_optim {
@@ -48,6 +50,63 @@ template <typename Fn, typename... Args>
 void run_on_device(const char* name, Fn* cpu, const std::vector<at::Tensor>& params, Args&&... args) {
   if (params.empty() || params[0].is_cpu()) return cpu(params, std::forward<Args>(args)...);
   c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>().call(params, std::forward<Args>(args)...);
+}
+
+// A list op's signature void(params, grads, state lists..., scalars...) split after its leading
+// tensor lists: kLists of them, then Scalars<the rest>.
+template <typename... Rest>
+struct Scalars {};
+
+template <typename... Args>
+struct SplitLists {
+  static constexpr size_t kLists = 0;
+  using Rest = Scalars<Args...>;
+};
+
+template <typename... Args>
+struct SplitLists<at::TensorList, Args...> {
+  static constexpr size_t kLists = 1 + SplitLists<Args...>::kLists;
+  using Rest = typename SplitLists<Args...>::Rest;
+};
+
+template <typename Fn>
+struct ListOpSignature;
+
+template <typename... Args>
+struct ListOpSignature<void(Args...)> : SplitLists<Args...> {};
+
+template <typename Fn, Fn* cpu, typename Rest>
+struct BucketTwin;
+
+template <typename Fn, Fn* cpu, typename... Rest>
+struct BucketTwin<Fn, cpu, Scalars<Rest...>> {
+  // The bucket holds the params and the state lists: every tensor list of the op but the grads.
+  static constexpr size_t kBucketLists = ListOpSignature<Fn>::kLists - 1;
+
+  static auto make(const std::string& list_op) {
+    return [twin = list_op + "bucket", qualified = "fused_optim::" + list_op](int64_t bucket, Rest... rest) {
+      return step_bucket(twin.c_str(), bucket, kBucketLists,
+                         [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
+                           call(qualified.c_str(), l, grads, std::make_index_sequence<kBucketLists - 1>{}, rest...);
+                         });
+    };
+  }
+
+  template <size_t... I>
+  static void call(const char* qualified, const TensorLists& l, const std::vector<at::Tensor>& grads,
+                   std::index_sequence<I...>, Rest... rest) {
+    run_on_device(qualified, cpu, l[0], grads, l[I + 1]..., rest...);
+  }
+};
+
+// The twin of list op `list_op` (e.g. "sgd_", implemented on the CPU by `cpu`): the kernel of
+// "<list_op>bucket"(int bucket, the op's arguments after its tensor lists) -> int. It runs
+// step_bucket over the registered lists {params, state lists...} (in the op's order), calling the
+// list op with the params' grads; kMissingGrad, changing nothing, when a param has none.
+template <auto* cpu>
+auto bucket_twin(const std::string& list_op) {
+  using Fn = std::remove_pointer_t<decltype(cpu)>;
+  return BucketTwin<Fn, cpu, typename ListOpSignature<Fn>::Rest>::make(list_op);
 }
 
 }  // namespace fused_optim

@@ -12,11 +12,14 @@
 // is read twice, in one two-pass launch (multi_tensor_two_pass) that updates a tensor right after
 // its sums, while it is in the cache.
 //   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
-//   colossal_lamb_ ColossalAI Lamb: c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
+//   colossal_lamb_ ColossalLamb (ColossalAI Lamb): c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
 // (fused_optim/lamb.py documents both).
-#include "bucket.h"
+#include "fixed_order_sums.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
+#include "two_pass.h"
 
 #include <algorithm>
 #include <cmath>
@@ -266,29 +269,6 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
     a.c2[t] = 1.0;
     a.lr[t] = lr * std::sqrt(bc2) / bc1;
   });
-}
-
-// The bucket twins: lists {params, exp_avgs, exp_avg_sqs, steps}; grads read from the params.
-int64_t lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
-                    bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
-                    bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-                    const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                    const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("lamb_bucket", bucket, 4, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    run_on_device("fused_optim::lamb_", lamb_cpu, l[0], grads, l[1], l[2], l[3], lr, beta1, beta2, eps, weight_decay,
-                  bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-                  lr_tensor, grad_scale, found_inf);
-  });
-}
-
-int64_t colossal_lamb_bucket(int64_t bucket, double lr, double beta1, double beta2, double eps, double weight_decay,
-                             bool adam, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
-                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket(
-      "colossal_lamb_bucket", bucket, 4, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-        run_on_device("fused_optim::colossal_lamb_", colossal_lamb_cpu, l[0], grads, l[1], l[2], l[3], lr, beta1, beta2,
-                      eps, weight_decay, adam, bias_correction, lr_tensor, grad_scale, found_inf);
-      });
 }
 
 }  // namespace fused_optim

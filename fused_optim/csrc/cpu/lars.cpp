@@ -4,10 +4,10 @@
 //   lars_          quadra LARS (+ timm's trust_clip / always_adapt), fused_optim/lars.py:
 //                  r = tc*||p||/(||g|| + wd*||p|| + eps) (trust_clip: min(r/lr, 1)) when
 //                  (wd != 0 or always_adapt) and both norms are non-zero: d = (g + wd*p)*r; else d = g
-//   colossal_lars_ ColossalAI Lars, fused_optim/lars.py: r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50)
-//                  (1 if a norm is 0) scales the lr; d = clamp(g + wd*p, -10, 10); plain momentum
-#include "bucket.h"
-#include "multi_tensor.h"
+//   colossal_lars_ ColossalLars (ColossalAI's Lars), fused_optim/lars.py:
+//                  r = clamp(eeta*||p||/(||g|| + wd*||p|| + eps), 0, 50) (1 if a norm is 0) scales the lr;
+//                  d = clamp(g + wd*p, -10, 10); plain momentum
+#include "op_args.h"
 #include "ops.h"
 #include "sgd_family.h"
 
@@ -59,27 +59,6 @@ void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::Tenso
     const double r = pn > 0.0 && gn > 0.0 ? eeta * pn / (gn + weight_decay * pn + epsilon) : 1.0;
     args.lr[t] = lr * std::clamp(r, 0.0, kMaxTrustRatio);
   });
-}
-
-// The bucket twins: lists {params, momentum_buffers}; grads read from the params.
-int64_t lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                    double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
-                    bool always_adapt, const std::optional<at::Tensor>& lr_tensor,
-                    const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("lars_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    run_on_device("fused_optim::lars_", lars_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay,
-                  nesterov, trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf);
-  });
-}
-
-int64_t colossal_lars_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                             double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
-                             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("colossal_lars_bucket", bucket, 2,
-                     [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-                       run_on_device("fused_optim::colossal_lars_", colossal_lars_cpu, l[0], grads, l[1], first_step,
-                                     lr, momentum, eeta, weight_decay, epsilon, lars, lr_tensor, grad_scale, found_inf);
-                     });
 }
 
 }  // namespace fused_optim

@@ -2,11 +2,23 @@
 // fused_optim/_ops.py: the update ops and the norm for the CPU key; the bucket twins, the
 // bucket registry and AdaScale's gradient norms for CompositeExplicitAutograd, because a twin may
 // take no tensor argument at all, and the norms call sum_squares_ for their tensors' device.
+#include "bucket.h"
 #include "ops.h"
 
 #include <torch/library.h>
 
+#include <string>
+
 namespace fused_optim {
+namespace {
+
+// Registers "<name>bucket", the bucket twin of list op `name` implemented by `cpu` (bucket.h).
+template <auto* cpu>
+void impl_twin(torch::Library& m, const std::string& name) {
+  m.impl((name + "bucket").c_str(), bucket_twin<cpu>(name));
+}
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("l2norm", &l2norm_cpu);
@@ -27,14 +39,14 @@ TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("grad_norm_hooks", &grad_norm_hooks);
   m.impl("remove_grad_hooks", &remove_grad_hooks);
   m.impl("grad_sum_squares_", &grad_sum_squares_);
-  m.impl("sgd_bucket", &sgd_bucket);
-  m.impl("sign_sgd_bucket", &sign_sgd_bucket);
-  m.impl("lars_bucket", &lars_bucket);
-  m.impl("colossal_lars_bucket", &colossal_lars_bucket);
-  m.impl("sparsified_sgd_bucket", &sparsified_sgd_bucket);
-  m.impl("adam_bucket", &adam_bucket);
-  m.impl("lamb_bucket", &lamb_bucket);
-  m.impl("colossal_lamb_bucket", &colossal_lamb_bucket);
+  impl_twin<&sgd_cpu>(m, "sgd_");
+  impl_twin<&sign_sgd_cpu>(m, "sign_sgd_");
+  impl_twin<&lars_cpu>(m, "lars_");
+  impl_twin<&colossal_lars_cpu>(m, "colossal_lars_");
+  impl_twin<&sparsified_sgd_cpu>(m, "sparsified_sgd_");
+  impl_twin<&adam_cpu>(m, "adam_");
+  impl_twin<&lamb_cpu>(m, "lamb_");
+  impl_twin<&colossal_lamb_cpu>(m, "colossal_lamb_");
 }
 
 }  // namespace fused_optim

@@ -1,10 +1,13 @@
 // The SGD family kernel (see sgd_family.h) and the ops that are nothing but it:
 //   sgd_      torch.optim.SGD (fused_optim/sgd.py)
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
-#include "bucket.h"
+#include "fixed_order_sums.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
 #include "sgd_family.h"
+#include "simd_blocks.h"
+#include "two_pass.h"
 
 #include <cmath>
 #include <type_traits>
@@ -157,27 +160,6 @@ void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList mo
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   sgd_like("sign_sgd_", Direction::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
            weight_decay, nesterov, false, false, lr_tensor, grad_scale, found_inf);
-}
-
-// The bucket twins: lists {params, momentum_buffers} registered once (see bucket.h); the grads
-// are read from the params. They return kMissingGrad, changing nothing, when a param has no grad.
-int64_t sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                   double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
-                   const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                   const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    run_on_device("fused_optim::sgd_", sgd_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening, weight_decay,
-                  nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
-  });
-}
-
-int64_t sign_sgd_bucket(int64_t bucket, const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                        double weight_decay, bool nesterov, const std::optional<at::Tensor>& lr_tensor,
-                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  return step_bucket("sign_sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-    run_on_device("fused_optim::sign_sgd_", sign_sgd_cpu, l[0], grads, l[1], first_step, lr, momentum, dampening,
-                  weight_decay, nesterov, lr_tensor, grad_scale, found_inf);
-  });
 }
 
 }  // namespace fused_optim

@@ -9,7 +9,7 @@
 // sgd_family_after_norms, which has the numbers set from each tensor's ||p|| and ||g||.
 #pragma once
 
-#include "multi_tensor.h"
+#include "../shared/checks.h"
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>

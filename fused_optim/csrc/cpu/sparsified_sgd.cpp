@@ -5,9 +5,10 @@
 //   S <- k indices (shared/sparse_indices.h: random, or a random block; the reference's draws)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
 #include "../shared/sparse_indices.h"
-#include "bucket.h"
 #include "multi_tensor.h"
+#include "op_args.h"
 #include "ops.h"
+#include "simd_blocks.h"
 
 namespace fused_optim {
 namespace {
@@ -54,18 +55,6 @@ void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads_in, at::Tens
     });
     for (size_t t = 0; t < params.size(); ++t) apply_sparse<scalar_t>(params[t], memories[t], indices[t]);
   });
-}
-
-// The bucket twin: lists {params, memories}; grads read from the params.
-int64_t sparsified_sgd_bucket(int64_t bucket, double lr, double weight_decay, int64_t sparse_grad_size,
-                              bool random_sparse, const std::optional<at::Generator>& generator,
-                              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                              const std::optional<at::Tensor>& found_inf) {
-  return step_bucket(
-      "sparsified_sgd_bucket", bucket, 2, [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
-        run_on_device("fused_optim::sparsified_sgd_", sparsified_sgd_cpu, l[0], grads, l[1], lr, weight_decay,
-                      sparse_grad_size, random_sparse, generator, lr_tensor, grad_scale, found_inf);
-      });
 }
 
 }  // namespace fused_optim

@@ -1,0 +1,162 @@
+// The vectorized loop of every CPU kernel: for_each_block() walks elements [begin, end) of one or
+// more streams (a tensor's data: ptr / cptr) in SIMD blocks of at::vec::Vectorized converted to
+// the op's math type (fp32 for fp16/bf16 storage, otherwise the storage type); the tail of a piece
+// is staged through a zero-padded stack buffer so each op writes its math exactly once. Also the
+// dtype dispatch of the kernels (FUSED_OPTIM_DISPATCH_FLOATING).
+//
+// Include this header before any other that could include ATen/cpu/vec (the capability macros
+// below must come first).
+#pragma once
+
+// at::vec picks its SIMD implementation from CPU_CAPABILITY_* macros that torch's own build sets
+// per dispatch copy. This library is built with -march=native, so take the widest set the
+// compiler enables (without one, Vectorized<T> is a plain array and bf16/fp16 crawl).
+#if !defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define CPU_CAPABILITY_AVX512
+#define CPU_CAPABILITY AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define CPU_CAPABILITY_AVX2
+#define CPU_CAPABILITY AVX2
+#endif
+#endif
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/macros/Macros.h>
+
+#include <array>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace fused_optim {
+
+template <typename T>
+using opmath_t = at::opmath_type<T>;
+template <typename T>
+using FVec = at::vec::Vectorized<opmath_t<T>>;
+
+// A block is what one iteration loads from each stream: one Vectorized of the math type, or for
+// fp16/bf16 storage one full Vectorized<T> (2x the fp32 lanes) converted into two fp32 halves.
+template <typename T>
+constexpr int kHalves = at::vec::is_reduced_floating_point_v<T> ? 2 : 1;
+template <typename T>
+constexpr int64_t kBlock = kHalves<T> * FVec<T>::size();
+
+template <typename T>
+struct Block {
+  FVec<T> v[kHalves<T>];
+};
+
+template <typename T>
+C10_ALWAYS_INLINE Block<T> load_block(const T* p) {
+  Block<T> b;
+  if constexpr (kHalves<T> == 2) {
+    at::vec::load_to_float(p, b.v[0], b.v[1]);
+  } else {
+    b.v[0] = FVec<T>::loadu(p);
+  }
+  return b;
+}
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// fp32 -> bf16 in one instruction per 32 lanes (round to nearest even, like ATen's conversion),
+// used when no lane is an fp32 denormal: the instruction flushes those to zero, ATen keeps them.
+C10_ALWAYS_INLINE bool store_bf16_fast(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
+  constexpr int kDenormal = 0x20;  // vfpclassps category: denormal
+  if (_mm512_fpclass_ps_mask(lo, kDenormal) | _mm512_fpclass_ps_mask(hi, kDenormal)) return false;
+  _mm512_storeu_si512(p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  return true;
+}
+
+// The rare block with a denormal lane: ATen's conversion, out of line. Inlined, its size stops the
+// compiler from inlining the block loop, which then spills every block to the stack (3x slower).
+C10_NOINLINE inline void store_bf16_denormal(c10::BFloat16* p, const __m512& lo, const __m512& hi) {
+  at::vec::convert_from_float<c10::BFloat16>(lo, hi).store(p);
+}
+#endif
+
+template <typename T>
+C10_ALWAYS_INLINE void store_block(T* p, const Block<T>& b) {
+  if constexpr (kHalves<T> == 2) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (C10_LIKELY(store_bf16_fast(p, b.v[0], b.v[1]))) return;
+      return store_bf16_denormal(p, b.v[0], b.v[1]);
+    }
+#endif
+    at::vec::convert_from_float<T>(b.v[0], b.v[1]).store(p);
+  } else {
+    b.v[0].store(p);
+  }
+}
+
+// Read-only streams (const pointers) are never written back.
+template <typename T>
+C10_ALWAYS_INLINE void store_block(const T*, const Block<T>&) {}
+
+template <typename T, typename Body, typename Tuple, size_t... I>
+C10_ALWAYS_INLINE void run_block(const Body& body, const Tuple& ptrs, int64_t i, std::index_sequence<I...>) {
+  auto vals = std::make_tuple(load_block(std::get<I>(ptrs) + i)...);
+  for (int h = 0; h < kHalves<T>; ++h) body(std::get<I>(vals).v[h]...);
+  (store_block(std::get<I>(ptrs) + i, std::get<I>(vals)), ...);
+}
+
+template <typename T>
+inline void copy_back(T* dst, const T* src, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(T));
+}
+
+template <typename T>
+inline void copy_back(const T*, const T*, int64_t) {}
+
+// The tail of an item: staged through zero-padded buffers, same vector body, mutable ones copied back.
+template <typename T, typename Body, typename Tuple, typename Staged, size_t... I>
+inline void stage_tail(const Body& body, const Tuple& ptrs, Staged& staged, int64_t i, int64_t tail,
+                       std::index_sequence<I...>) {
+  (std::memcpy(staged[I].data(), std::get<I>(ptrs) + i, tail * sizeof(T)), ...);
+  const auto staged_ptrs = std::make_tuple(
+      static_cast<std::tuple_element_t<I, Tuple>>(staged[I].data())...);
+  run_block<T>(body, staged_ptrs, 0, std::index_sequence<I...>{});
+  (copy_back(std::get<I>(ptrs) + i, staged[I].data(), tail), ...);
+}
+
+// Calls body(v0, v1, ...) with one SIMD block of each stream, for elements [begin, end).
+// body takes FVec<T>& for every stream and updates the mutable ones in place.
+template <typename T, typename Body, typename... Ptr>
+inline void for_each_block(int64_t begin, int64_t end, const Body& body, Ptr... streams) {
+  constexpr int64_t L = kBlock<T>;
+  constexpr size_t N = sizeof...(Ptr);
+  using Seq = std::make_index_sequence<N>;
+  const auto ptrs = std::make_tuple(streams...);
+  int64_t i = begin;
+  for (; i + L <= end; i += L) {
+    run_block<T>(body, ptrs, i, Seq{});
+  }
+  const int64_t tail = end - i;
+  if (tail == 0) return;
+  std::array<std::array<T, L>, N> staged{};
+  stage_tail<T>(body, ptrs, staged, i, tail, Seq{});
+}
+
+// The data of tensor t as a stream of for_each_block.
+template <typename T>
+inline T* ptr(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+// A read-only stream (for_each_block never writes it back).
+template <typename T>
+inline const T* cptr(const at::Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
+}
+
+#define FUSED_OPTIM_DISPATCH_FLOATING(TYPE, NAME, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, TYPE, NAME, __VA_ARGS__)
+
+}  // namespace fused_optim
