@@ -65,7 +65,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .examples.demo import run_demo  # the one import of the examples: the command that runs them
 
     try:
         run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
