@@ -5,6 +5,8 @@ _base_ = [
     '_base_/default_runtime.py', '_base_/datasets/digits.py', '_base_/models/digits_cnn.py',
     '_base_/optimizers/fused_lamb.py', '_base_/wrappers/fused.py',
 ]
+# The digits dataset, model and metric are the examples': registered by importing their module.
+custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
 optim_wrapper = dict(optimizer={{_base_.optimizer}}, loss_scale='dynamic', dtype='float16',
                      clip_grad=dict(max_norm=5.0))
 param_scheduler = [

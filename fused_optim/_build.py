@@ -1,7 +1,7 @@
 """Lazy, cached JIT build of the native kernels.
 
 Nothing is compiled at import. The first fused step (or :func:`load`, ``fused-optim build``)
-compiles ``csrc/cpu/*.cpp`` (grouped into one translation unit per core, see
+compiles ``csrc/cpu/*.cpp`` (:data:`CSRC`, grouped into one translation unit per core, see
 :func:`translation_units`) with ``torch.utils.cpp_extension.load`` into a library that only
 registers op implementations (no pybind); the result is cached under ``TORCH_EXTENSIONS_DIR``.
 The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library, built by
@@ -66,7 +66,16 @@ import torch
 
 from . import _ops  # noqa: F401  (schemas must exist before the library registers impls)
 
-CSRC = Path(__file__).parent / "csrc"
+
+def sources_root(package: Path) -> Path:
+    """Where the kernel sources of the package in folder ``package`` are: ``package/csrc`` when it is
+    installed (the wheel puts the checkout's top-level ``csrc/`` there, see pyproject.toml's
+    package-dir), else, running from a checkout, the ``csrc/`` next to the package."""
+    installed = package / "csrc"
+    return installed if installed.is_dir() else package.parent / "csrc"
+
+
+CSRC = sources_root(Path(__file__).parent)
 CFLAGS = ["-O3", "-fopenmp", "-march=native", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
 CUDA_JIT_FLAGS = ["-O3"]  # the JIT build's host and nvcc flags (cpp_extension picks the architectures)

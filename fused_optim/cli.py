@@ -46,10 +46,9 @@ def cmd_build(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import benchmark, benchmark_cuda
+    from .bench import cuda, optimizers
 
-    module, lists = {"cpu": (benchmark, benchmark.PARAM_LISTS),
-                     "cuda": (benchmark_cuda, benchmark_cuda.LISTS)}[args.device]
+    module, lists = {"cpu": (optimizers, optimizers.PARAM_LISTS), "cuda": (cuda, cuda.LISTS)}[args.device]
     bad = [name for name in args.lists or () if name not in lists]
     if bad:
         print(f"fused-optim bench: error: --lists {' '.join(bad)} is not a list for --device {args.device} "
@@ -57,7 +56,7 @@ def cmd_bench(args) -> int:
         return 2
     try:
         json_path, md_path = module.run(Path(args.out), quick=args.quick, repeats=args.repeats, lists=args.lists)
-    except benchmark_cuda.NoGPUError as exc:
+    except cuda.NoGPUError as exc:
         print(f"fused-optim bench: error: {exc}", file=sys.stderr)
         return 1
     print(md_path.read_text())
@@ -66,7 +65,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from .demo import run_demo
+    from .examples.demo import run_demo  # the one import of the examples: the command that runs them
 
     try:
         run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,

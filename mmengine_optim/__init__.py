@@ -11,31 +11,23 @@ Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mme
 ``python -m mmengine_optim.train CONFIG``.
 """
 
-from .digits import DigitsAccuracy, DigitsClassifier, DigitsDataset
 from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
 from .optimizers import register_optimizers
-from .registry import DATASETS, HOOKS, METRICS, MODELS, OPTIM_WRAPPERS, OPTIMIZERS, register
+from .registry import HOOKS, OPTIM_WRAPPERS, OPTIMIZERS, register
 
 for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapper)),
-                         (HOOKS, (UpdateParamSchedulerHook, WeightsOnlyCheckpointHook)),
-                         (DATASETS, (DigitsDataset,)), (MODELS, (DigitsClassifier,)), (METRICS, (DigitsAccuracy,))):
+                         (HOOKS, (UpdateParamSchedulerHook, WeightsOnlyCheckpointHook))):
     for _obj in _objs:
         register(_registry, _obj)
 register_optimizers()
 
 __all__ = [
     "AdaScaleOptimWrapper",
-    "DATASETS",
-    "DigitsAccuracy",
-    "DigitsClassifier",
-    "DigitsDataset",
     "FusedOptimWrapper",
     "HOOKS",
     "LossScaler",
-    "METRICS",
-    "MODELS",
     "OPTIMIZERS",
     "OPTIM_WRAPPERS",
     "UpdateParamSchedulerHook",

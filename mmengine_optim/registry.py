@@ -39,9 +39,6 @@ def _child(root):
 OPTIMIZERS = _child(_root.OPTIMIZERS)
 OPTIM_WRAPPERS = _child(_root.OPTIM_WRAPPERS)
 HOOKS = _child(_root.HOOKS)
-MODELS = _child(_root.MODELS)
-DATASETS = _child(_root.DATASETS)
-METRICS = _child(_root.METRICS)
 
 
 def register_bare(child: _root.Registry, name: str, obj) -> None:

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from fused_optim import benchmark_cuda as bc
-from fused_optim.benchmark import Row, timm_optimizers
+from fused_optim.bench import cuda as bc
+from fused_optim.bench.optimizers import Row, timm_optimizers
 from fused_optim.cli import main
 
 GB = 10**9

@@ -96,7 +96,8 @@ def test_a_reinstall_of_identical_sources_loads_the_cached_build_silently(cache,
     ``pip install .`` leaves them) loads the build made from the original: same name, no compile."""
     root, directory, _ = cache
     package = tmp_path / "site" / "fused_optim"
-    shutil.copytree(Path(fused_optim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(fused_optim.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__", "csrc"))
+    shutil.copytree(_build.CSRC, package / "csrc")  # where a wheel installs them
     time.sleep(0.01)  # the rewritten sources' mtimes are newer than the cached objects'
     for source in (package / "csrc").rglob("*"):
         if source.is_file():
@@ -114,8 +115,8 @@ def test_editing_a_source_or_a_flag_or_another_installation_changes_the_extensio
     """A new name is a new, empty build directory: an edit always builds."""
     names = lambda: (_build.extension_name(), _build.cuda_extension_name())  # noqa: E731
     original = names()
+    shutil.copytree(_build.CSRC, tmp_path / "csrc")
     monkeypatch.setattr(_build, "CSRC", tmp_path / "csrc")
-    shutil.copytree(Path(fused_optim.__file__).parent / "csrc", _build.CSRC)
     assert names() == original  # keyed on content: the location does not count
     shared = _build.CSRC / "shared" / "checks.h"
     shared.write_text(shared.read_text() + "// edited\n")

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from fused_optim.demo import report, run_demo
-from fused_optim.demo.plan import QUICK, Setup, plan_runs
-from fused_optim.demo.recorder import Recorder, evaluate, load_result
-from fused_optim.digits import DigitsCNN, load_digits
+from fused_optim.examples.demo import report, run_demo
+from fused_optim.examples.demo.plan import QUICK, Setup, plan_runs
+from fused_optim.examples.demo.recorder import Recorder, evaluate, load_result
+from fused_optim.examples.digits import DigitsCNN, load_digits
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -1,5 +1,7 @@
-"""The wheel carries the kernel sources: a non-editable install must be able to JIT-build them."""
+"""The wheel carries the kernel sources (the checkout's top-level ``csrc/``, installed as
+``fused_optim/csrc``): a non-editable install JIT-builds them from there, a checkout from its own."""
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -8,15 +10,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# A subprocess limit only catches a hang: a cold build of the CPU kernels takes 40-120 s on 2 idle
+# cores, several times that on a busy machine (a cached load: seconds).
+TIMEOUT = 1800
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(out), str(ROOT)], check=True, timeout=TIMEOUT, cwd=out)
+    return next(out.glob("fused_optim-*.whl"))
 
 
 @pytest.mark.slow
-def test_wheel_contains_csrc_and_entry_point(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(ROOT)], check=True, timeout=1800, cwd=tmp_path)
-    wheel = next(tmp_path.glob("fused_optim-*.whl"))
+def test_wheel_contains_csrc_and_entry_point(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "fused_optim" / "csrc").rglob("*")
+    sources = {f"fused_optim/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "csrc").rglob("*")
                if p.suffix in (".h", ".cpp", ".cu", ".cuh")}
     assert sources and sources <= names, sources - names
     modules = {p.relative_to(ROOT).as_posix() for package in ("fused_optim", "lightning_optim", "mmengine_optim")
@@ -26,11 +36,37 @@ def test_wheel_contains_csrc_and_entry_point(tmp_path):
     assert "fused-optim = fused_optim.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
-def test_installed_package_builds_from_its_own_sources():
+@pytest.mark.slow
+def test_a_non_editable_install_builds_from_its_own_sources(wheel, tmp_path):
+    """The wheel installed into a folder of its own, imported from there (no checkout on the path):
+    the build reads the installed sources and loads (the cache key is the sources' content, so an
+    earlier build of identical sources is loaded, else it builds)."""
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
+                    str(wheel)], check=True, timeout=TIMEOUT)
+    code = "import fused_optim; from fused_optim import _build; _build.load(); print(fused_optim.__file__, _build.CSRC)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)}, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    package, csrc = out.stdout.split()[-2:]
+    assert Path(package).parent == site / "fused_optim" and Path(csrc) == site / "fused_optim" / "csrc"
+
+
+def test_an_installed_package_reads_its_own_csrc_a_checkout_the_top_level_one(tmp_path):
+    from fused_optim import _build
+
+    installed, checkout = tmp_path / "site" / "fused_optim", tmp_path / "checkout" / "fused_optim"
+    (installed / "csrc").mkdir(parents=True)
+    checkout.mkdir(parents=True)
+    assert _build.sources_root(installed) == installed / "csrc"
+    assert _build.sources_root(checkout) == tmp_path / "checkout" / "csrc"
+
+
+def test_this_package_finds_its_kernel_sources():
     import fused_optim
     from fused_optim import _build
 
-    assert _build.CSRC == Path(fused_optim.__file__).parent / "csrc"
+    assert _build.CSRC == _build.sources_root(Path(fused_optim.__file__).parent)
     assert all(Path(s).is_file() for s in _build.cpu_sources()) and len(_build.cpu_sources()) >= 2
 
 

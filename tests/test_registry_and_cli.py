@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fused_optim
-from fused_optim import benchmark
+from fused_optim.bench import optimizers as bench
 from fused_optim.registry import create_optimizer, list_optimizers
 
 
@@ -80,7 +80,7 @@ def test_build_reports_timing():
 def test_bench_flags_a_mode_that_skips_part_of_the_step(monkeypatch, opt, dtype):
     """A variant that leaves the params alone, or undoes its step on half of them, is flagged;
     ours and torch's foreach mode agree with torch's single-tensor mode."""
-    real = benchmark._variants
+    real = bench._variants
 
     def half_step(ps):
         step = real(opt)["torch single"](ps)
@@ -94,9 +94,9 @@ def test_bench_flags_a_mode_that_skips_part_of_the_step(monkeypatch, opt, dtype)
 
         return run
 
-    monkeypatch.setattr(benchmark, "_variants",
+    monkeypatch.setattr(bench, "_variants",
                         lambda name: {**real(name), "no step": lambda ps: (lambda: None), "half step": half_step})
-    wrong = benchmark._step_disagreements(opt, dtype)
+    wrong = bench._step_disagreements(opt, dtype)
     assert wrong >= {"no step", "half step"} and not wrong & {"fused_optim", "torch foreach"}
 
 

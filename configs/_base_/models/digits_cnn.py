@@ -1,1 +1,2 @@
-model = dict(type='mmengine_optim.DigitsClassifier', width=16)
+# Registered by fused_optim.examples.mmengine_digits: a config using this names it in custom_imports.
+model = dict(type='DigitsClassifier', width=16)

@@ -10,7 +10,7 @@ build) each sample is ``inner`` steps between two ``torch.cuda.Event(enable_timi
 (``inner`` chosen so a sample lasts ~20 ms), so the time includes any launch overhead the GPU waits
 on; the table reports medians over ``repeats`` rounds, variants interleaved within each round. A
 device-to-device copy probe, ``dst.copy_(src)`` over flat byte buffers sized so that it moves
-(reads + writes) the same bytes as one pass of the update (``benchmark.TRAFFIC`` element sizes per
+(reads + writes) the same bytes as one pass of the update (``optimizers.TRAFFIC`` element sizes per
 param), is timed in the same rounds. Each row reports ms/step, the ratio peer / ours (>1: ours is
 faster; the peer is torch fused for SGD and AdamW, the faster timm mode for LAMB and LARS), the
 effective bandwidth (bytes of one update pass / time) and its fraction of the copy bandwidth. At
@@ -36,8 +36,8 @@ from typing import Callable
 
 import torch
 
-from . import _build
-from .benchmark import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, _table, _variants, timm_optimizers
+from .. import _build
+from .optimizers import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, _table, _variants, timm_optimizers
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars")
 # id -> (label, shapes); 1M and 25M as in the CPU benchmark.
@@ -94,7 +94,7 @@ def _element_size(dtype: torch.dtype) -> int:
 
 def _make_params(shapes, dtype) -> list[torch.nn.Parameter]:
     """Params and grads made on the GPU from one seed: every call returns the same values.
-    (benchmark._make_params makes them on the CPU: too slow at 1B.)"""
+    (optimizers._make_params makes them on the CPU: too slow at 1B.)"""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     params = []
     for s in shapes:

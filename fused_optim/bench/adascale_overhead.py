@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from .adascale import AdaScale
-from .sgd import FusedSGD
+from ..adascale import AdaScale
+from ..sgd import FusedSGD
 
 WIDTHS = {"1M": 100, "25M": 500}  # param list id of the optimizer benchmark -> layer width
 ACCUM, BATCH, LAYERS = 2, 32, 100

@@ -15,11 +15,11 @@ from lightning.pytorch.callbacks import ProgressBar
 from torch.utils.data import DataLoader, TensorDataset
 
 from fused_optim import AdaScale, FusedSGD
-from fused_optim.demo.plan import Run, Setup
-from fused_optim.demo.recorder import Recorder, load_result
-from fused_optim.digits import DigitsCNN, load_digits
+from lightning_optim import AdaScaleCallback
 
-from .callback import AdaScaleCallback
+from ..digits import DigitsCNN, load_digits
+from .plan import Run, Setup
+from .recorder import Recorder, load_result
 
 
 class DigitsModule(pl.LightningModule):

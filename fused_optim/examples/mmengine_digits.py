@@ -1,4 +1,11 @@
-"""The example configs' dataset, model and metric: :mod:`fused_optim.digits` for mmengine."""
+"""The example configs' dataset, model and metric: :mod:`.digits` for mmengine, registered on import
+under their bare names in mmengine's root registries (``DATASETS``, ``MODELS``, ``METRICS``).
+
+A config that names them imports this module (the fragments in ``configs/_base_`` that name them do)::
+
+    custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+    model = dict(type='DigitsClassifier', width=16)
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,12 @@ import torch
 import torch.nn.functional as F
 from mmengine.evaluator import BaseMetric
 from mmengine.model import BaseModel
+from mmengine.registry import DATASETS, METRICS, MODELS
 from torch.utils.data import Dataset
 
-from fused_optim.digits import DigitsCNN, load_digits
+from .digits import DigitsCNN, load_digits
 
-
-
+@DATASETS.register_module()
 class DigitsDataset(Dataset):
     """scikit-learn's 8×8 digits, ``split`` ``"train"`` or ``"val"``; items are
     ``dict(inputs=float32 [1, 8, 8], data_samples=int64 label)`` (use ``default_collate``)."""
@@ -28,8 +35,9 @@ class DigitsDataset(Dataset):
         return dict(inputs=self.images[index], data_samples=self.labels[index])
 
 
+@MODELS.register_module()
 class DigitsClassifier(BaseModel):
-    """:class:`fused_optim.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
+    """:class:`fused_optim.examples.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
     ``predict`` → per-image ``dict(pred, label, loss)``, ``tensor`` → logits."""
 
     def __init__(self, width: int = 16, data_preprocessor: dict | None = None):
@@ -47,6 +55,7 @@ class DigitsClassifier(BaseModel):
         return logits
 
 
+@METRICS.register_module()
 class DigitsAccuracy(BaseMetric):
     """``digits/accuracy`` (percent) and mean cross-entropy ``digits/loss`` over the validation set."""
 

@@ -13,7 +13,7 @@ carry their step time over FusedAdam's (AdamW) from the same rounds. Absolute ti
 machine are noisy: read ratios.
 
 AdaScale's overhead over the bare optimizer, ours vs fairscale's, is timed by
-``benchmark_adascale`` for the 1M and 25M lists (models of 200 tensors of those sizes).
+``adascale_overhead`` for the 1M and 25M lists (models of 200 tensors of those sizes).
 
 timm is optional (``pip install --no-deps timm``: its package ``__init__`` needs torchvision); its
 ``optim/lamb.py`` and ``optim/lars.py`` are loaded by path, without ``timm/__init__``. Without it
@@ -40,12 +40,13 @@ from typing import Callable
 
 import torch
 
-from . import _build, benchmark_adascale
-from .adam import FusedAdam
-from .lamb import FusedLAMB
-from .lars import LARS
-from .norm import multi_tensor_l2norm
-from .sgd import FusedSGD
+from .. import _build
+from ..adam import FusedAdam
+from ..lamb import FusedLAMB
+from ..lars import LARS
+from ..norm import multi_tensor_l2norm
+from ..sgd import FusedSGD
+from . import adascale_overhead
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "norm")
 # Bytes one pass of each update reads + writes per element, in units of the element size:
@@ -337,7 +338,7 @@ def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None =
                       "`sum()` over the same bytes.", "",
                   *_table(by_opt("norm"), "× vs peer", probe="of read probe", peer=True)]
     if adascale:
-        lines += ["", *benchmark_adascale.markdown(adascale)]
+        lines += ["", *adascale_overhead.markdown(adascale)]
     lines += ["", "| host overhead, µs per tensor (1-element tensors) | fused_optim | torch fused |", "|---|---:|---:|"]
     for opt, h in host.items():
         lines.append(f"| {opt} | {h['fused_optim']:.3f} | {h['torch fused']:.3f} |")
@@ -367,8 +368,8 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
                 print(f"{opt:6} {r.dtype:9} {r.params:32} fused_optim {r.ms_per_step:8.3f} ms  "
                       f"×{r.speedup_vs_peer or float('nan'):6.2f} vs {r.peer}{wrong}  {r.fraction_of_probe:.2f} of probe",
                       flush=True)
-    adascale = [benchmark_adascale.overhead(list_id, repeats * 2) for list_id in lists
-                if list_id in benchmark_adascale.WIDTHS]
+    adascale = [adascale_overhead.overhead(list_id, repeats * 2) for list_id in lists
+                if list_id in adascale_overhead.WIDTHS]
     for r in adascale:
         print(f"adascale {r['tensors']} tensors / {r['params'] / 1e6:.1f}M: overhead "
               f"{r['fused_optim.AdaScale']['overhead_ms']:.2f} ms, fairscale's "

@@ -1,8 +1,9 @@
 """The demo's runs through mmengine (``fused-optim demo --framework mmengine``): each run is an
-mmengine config of registered names (the digits dataset and model of ``configs/``,
-``FusedOptimWrapper`` or ``AdaScaleOptimWrapper``, iteration-based schedules stepped by
-``UpdateParamSchedulerHook``, its τ stop) trained by ``Runner.from_cfg``; the DDP run spawns 2 CPU
-processes, each initialised as ``torchrun`` would (``launcher='pytorch'``)."""
+mmengine config of registered names (the digits dataset and model of ``configs/``, registered by
+importing :mod:`fused_optim.examples.mmengine_digits`; ``FusedOptimWrapper`` or
+``AdaScaleOptimWrapper``, iteration-based schedules stepped by ``UpdateParamSchedulerHook``, its τ
+stop) trained by ``Runner.from_cfg``; the DDP run spawns 2 CPU processes, each initialised as
+``torchrun`` would (``launcher='pytorch'``)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
-from fused_optim.demo.plan import Run, Setup
-from fused_optim.demo.recorder import Recorder, load_result
+from mmengine_optim.train import prepare_cpu_ddp
 
-from .train import prepare_cpu_ddp
+from .. import mmengine_digits  # noqa: F401  (registers the digits dataset and model)
+from .plan import Run, Setup
+from .recorder import Recorder, load_result
 
 
 class RecordingHook(Hook):
@@ -63,11 +65,11 @@ def config(run: Run, setup: Setup, work_dir: Path) -> Config:
         default_scope="mmengine",
         work_dir=str(work_dir),
         launcher="pytorch" if run.world_size > 1 else "none",
-        model=dict(type="mmengine_optim.DigitsClassifier"),
+        model=dict(type="DigitsClassifier"),
         train_dataloader=dict(batch_size=run.batch_size, num_workers=0,
                               sampler=dict(type="InfiniteSampler", shuffle=True, seed=setup.seed),
                               collate_fn=dict(type="default_collate"),
-                              dataset=dict(type="mmengine_optim.DigitsDataset", split="train")),
+                              dataset=dict(type="DigitsDataset", split="train")),
         train_cfg=dict(type="IterBasedTrainLoop", max_iters=run.max_steps * run.accumulate, val_interval=10 ** 9),
         optim_wrapper=dict(
             type="mmengine_optim.AdaScaleOptimWrapper" if adascale else "mmengine_optim.FusedOptimWrapper",

@@ -1,7 +1,7 @@
 """``fused-optim demo``: AdaScale scaling a real training run, against a small-batch baseline
 and linear lr scaling with warm-up (the experiment is in :mod:`.plan`).
 
-The runs train through a framework adapter (``lightning_optim.demo`` or ``mmengine_optim.demo``,
+The runs train through a framework adapter (:mod:`.lightning_runs` or :mod:`.mmengine_runs`,
 imported only here, when the demo runs: the optimizers never import a framework); each run
 writes its result, and this module writes the table (``results.md``), all results
 (``results.json``) and the plot (``demo.png``) to the output directory.
@@ -31,7 +31,7 @@ def run_demo(out: str | Path = "demo-results", framework: str = "lightning", sca
         overrides["lr"] = lr
     setup = Setup(**overrides)
     runs = plan_runs(setup, tuple(scales))
-    train = importlib.import_module(f"{framework}_optim.demo").train
+    train = importlib.import_module(f"{__name__}.{framework}_runs").train
     out = Path(out)
     run_dir = out / "runs"
     run_dir.mkdir(parents=True, exist_ok=True)
