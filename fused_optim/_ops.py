@@ -6,9 +6,9 @@ implementations for these schemas (``TORCH_LIBRARY_IMPL(fused_optim, CPU, m)``),
 lazily by :mod:`fused_optim._build`; :mod:`fused_optim._reference` implements the update ops with
 the same signatures in pure PyTorch.
 
-Update ops (``sgd_``, ``sign_sgd_``, ``lars_``, ``colossal_lars_``, ``sparsified_sgd_``, ``adam_``,
-``lamb_``, ``colossal_lamb_``) are in-place (trailing underscore), take the params, the grads,
-the algorithm's state lists, its per-step lists and keyword scalars, plus the optional
+Update ops (one per declaration in :data:`fused_optim.specs.SPECS`: ``sgd_``, ``adam_``, …) are
+in-place (trailing underscore), take the params, the grads, the algorithm's state lists, its
+per-step lists and keyword scalars, plus the optional
 ``grad_scale`` / ``found_inf`` of ``torch.amp.GradScaler``: grads are divided by ``grad_scale``
 inside the op, and nothing at all changes when ``found_inf`` is non-zero (step counters included).
 ``lr_tensor`` (one element), when given, is the learning rate and ``lr`` is ignored: on CUDA the
@@ -24,9 +24,10 @@ twin reads each param's ``.grad`` itself, so a step passes no tensor list at all
 converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
 when it stepped and 1, changing nothing, when a registered param has no grad. The twins mutate
 tensors their schema does not name and bump their version counters themselves: they are for plain
-eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from one entry of
-``UPDATE_OPS``, and the C++ side generates every twin from its list op's implementation
-(``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin code.
+eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from the op's
+declaration in :mod:`.specs` (``OpSpec.schemas``), and the C++ side generates every twin from its
+list op's implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin
+code.
 
 ``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
 ``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor
@@ -48,67 +49,10 @@ from __future__ import annotations
 
 import torch
 
-_AMP = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
+from .specs import SPECS
 
-
-def _update_op(state: str, per_step: str, scalars: str) -> dict[str, str]:
-    """The list op and its bucket twin, from one description."""
-    extra = f", {per_step}" if per_step else ""
-    return {
-        "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{extra}, *, {scalars}, {_AMP}) -> ()",
-        "bucket": f"(int bucket{extra}, *, {scalars}, {_AMP}) -> int",
-    }
-
-
-_MOMENTUM = "Tensor(b!)[] momentum_buffers"
-_ADAM_MOMENTS = "Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs"
-_STEPS = "Tensor(d!)[] steps"
-
-UPDATE_OPS = {
-    "sgd_": _update_op(
-        _MOMENTUM,
-        "bool[] first_step",
-        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "bool wd_after_momentum",
-    ),
-    "sign_sgd_": _update_op(
-        _MOMENTUM, "bool[] first_step", "float lr, float momentum, float dampening, float weight_decay, bool nesterov"
-    ),
-    "lars_": _update_op(
-        _MOMENTUM,
-        "bool[] first_step",
-        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, float trust_coefficient, "
-        "float eps, bool trust_clip, bool always_adapt",
-    ),
-    "colossal_lars_": _update_op(
-        _MOMENTUM,
-        "bool[] first_step",
-        "float lr, float momentum, float eeta, float weight_decay, float epsilon, bool lars",
-    ),
-    "sparsified_sgd_": _update_op(
-        "Tensor(b!)[] memories",
-        "",
-        "float lr, float weight_decay, int sparse_grad_size, bool random_sparse, Generator? generator=None",
-    ),
-    "adam_": _update_op(
-        f"{_ADAM_MOMENTS}, Tensor(e!)[] max_exp_avg_sqs, {_STEPS}",
-        "",
-        "float lr, float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
-        "bool maximize, bool bias_correction=True",
-    ),
-    "lamb_": _update_op(
-        f"{_ADAM_MOMENTS}, {_STEPS}",
-        "",
-        "float lr, float beta1, float beta2, float eps, float weight_decay, bool bias_correction, "
-        "bool grad_averaging, bool adam_w_mode, float max_grad_norm, bool use_nvlamb, bool trust_clip, "
-        "Tensor? global_grad_norm=None",
-    ),
-    "colossal_lamb_": _update_op(
-        f"{_ADAM_MOMENTS}, {_STEPS}",
-        "",
-        "float lr, float beta1, float beta2, float eps, float weight_decay, bool adam, bool bias_correction",
-    ),
-}
+# The list op's and its bucket twin's schemas, from the op's declaration in specs.py.
+UPDATE_OPS = {name: spec.schemas() for name, spec in SPECS.items()}
 
 _lib = torch.library.Library("fused_optim", "DEF")  # noqa: TOR901 - keeps the definitions alive
 

@@ -119,10 +119,3 @@ class FusedAdam(FusedOptimizer):
             [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
             [st["step"] for st in states],
         ), ()
-
-    def _scalars(self, group: dict) -> dict:
-        beta1, beta2 = (float(beta) for beta in group["betas"])  # torch.optim.Adam also takes Tensor betas
-        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                    weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
-                    decoupled=group["decoupled_weight_decay"], maximize=group["maximize"],
-                    bias_correction=group["bias_correction"])

@@ -122,14 +122,6 @@ class FusedLAMB(_LambBase):
             scalars["global_grad_norm"] = self._global_grad_norm()
         return False
 
-    def _scalars(self, group: dict) -> dict:
-        beta1, beta2 = group["betas"]
-        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
-                    adam_w_mode=group["adam_w_mode"], max_grad_norm=float(group["max_grad_norm"] or 0.0),
-                    use_nvlamb=group["use_nvlamb"], trust_clip=group["trust_clip"],
-                    global_grad_norm=self._grad_norm if group["max_grad_norm"] else None)
-
 
 class ColossalLamb(_LambBase):
     r"""ColossalAI's (non-fused) ``Lamb``, the pytorch-lamb algorithm, here fused per group; also
@@ -166,11 +158,6 @@ class ColossalLamb(_LambBase):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam,
                         bias_correction=bias_correction)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
-
-    def _scalars(self, group: dict) -> dict:
-        beta1, beta2 = group["betas"]
-        return dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                    adam=group["adam"], bias_correction=group["bias_correction"])
 
 
 # ColossalAI's class name, for code and configs written for ColossalAI (the same class).

@@ -58,12 +58,6 @@ class LARS(MomentumOptimizer):
         check_nonnegative("trust_coefficient", group["trust_coefficient"])
         check_nonnegative("epsilon", group["eps"])
 
-    def _scalars(self, group: dict) -> dict:
-        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                    weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                    trust_coefficient=group["trust_coefficient"], eps=group["eps"],
-                    trust_clip=group["trust_clip"], always_adapt=group["always_adapt"])
-
 
 class ColossalLars(MomentumOptimizer):
     r"""ColossalAI's ``Lars``: the trust ratio scales the learning rate, the direction is clamped. Also
@@ -105,10 +99,6 @@ class ColossalLars(MomentumOptimizer):
         super()._validate(group)
         check_nonnegative("eeta", group["eeta"])
         check_nonnegative("epsilon", group["epsilon"])
-
-    def _scalars(self, group: dict) -> dict:
-        return dict(lr=group["lr"], momentum=group["momentum"], eeta=group["eeta"],
-                    weight_decay=group["weight_decay"], epsilon=group["epsilon"], lars=bool(group["lars"]))
 
 
 # ColossalAI's class name, for code and configs written for ColossalAI (the same class).

@@ -2,14 +2,15 @@
 
 An algorithm subclass declares data and small hooks:
 
-* ``op_name``: the op in :mod:`._ops` (kernel) and :mod:`._reference` (pure PyTorch) it calls;
+* ``op_name``: the op it calls, declared in :mod:`.specs` (schema, keyword scalars, reference);
 * ``_validate(group)``: torch-style ``ValueError`` for bad hyperparameters (defaults and every group);
 * ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names);
 * ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
   ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
   i.e. this is its first step);
-* ``_scalars(group)``: the op's keyword scalars;
+* ``_scalars(group)``: the op's keyword scalars, built from the group as the op's declaration in
+  :mod:`.specs` maps them (an algorithm need not write it);
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off);
 * ``_prepare_step()``: work across all groups after the closure ran (LAMB's global grad norm).
 
@@ -44,7 +45,8 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import _build, _ops, _reference
+from . import _build, _ops
+from .specs import SPECS
 
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 FUSED_DEVICE_TYPES = ("cpu", "cuda")
@@ -234,8 +236,20 @@ class _StateDict(defaultdict):
 
 class FusedOptimizer(torch.optim.Optimizer):
     op_name: ClassVar[str]
+    _scalar_sources: ClassVar[tuple]  # (scalar, group key or function): from the op's spec
+    _reference_update: ClassVar[Callable]  # the op's pure-PyTorch implementation: from the op's spec
     flags: ClassVar[tuple[str, ...]] = ()  # the group's boolean options (checked by check_flag)
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A class naming its op gets the op's scalar sources and reference from its spec, once."""
+        super().__init_subclass__(**kwargs)
+        if "op_name" in cls.__dict__:
+            if cls.op_name not in SPECS:
+                raise TypeError(f"{cls.__name__}.op_name = {cls.op_name!r} has no OpSpec; declare the op in "
+                                "fused_optim/specs.py")
+            cls._scalar_sources = SPECS[cls.op_name].scalar_sources()
+            cls._reference_update = staticmethod(SPECS[cls.op_name].reference)
 
     def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
         if fused not in (None, True, False):
@@ -263,7 +277,9 @@ class FusedOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _scalars(self, group: dict) -> dict:
-        raise NotImplementedError
+        """The op's keyword scalars: each a group value, or computed by its spec's function (one
+        dict build per group and step)."""
+        return {name: group[src] if type(src) is str else src(self, group) for name, src in self._scalar_sources}
 
     def _layout(self, group: dict) -> tuple:
         return ()
@@ -522,7 +538,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
                 self._fallback(mismatch)
         self._check_grads(bucket, grads, gi)
-        getattr(_reference, self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+        self._reference_update(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
         return "reference"
 
     def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:

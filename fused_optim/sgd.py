@@ -85,8 +85,3 @@ class FusedSGD(MomentumOptimizer):
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize,
                         materialize_master_grads=materialize_master_grads)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
-
-    def _scalars(self, group: dict) -> dict:
-        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                    weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                    maximize=group["maximize"], wd_after_momentum=group["wd_after_momentum"])

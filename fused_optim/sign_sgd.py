@@ -39,7 +39,3 @@ class SignSGD(MomentumOptimizer):
                  fused: bool | None = None):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
-
-    def _scalars(self, group: dict) -> dict:
-        return dict(lr=group["lr"], momentum=group["momentum"], dampening=group["dampening"],
-                    weight_decay=group["weight_decay"], nesterov=group["nesterov"])

@@ -9,9 +9,6 @@ import torch
 from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
 
 
-_INT64_MAX = 2**63 - 1
-
-
 class SparsifiedSGD(FusedOptimizer):
     r"""Sparsified SGD with memory (Stich et al., "Sparsified SGD with Memory", 2018), fused.
 
@@ -82,12 +79,6 @@ class SparsifiedSGD(FusedOptimizer):
 
     def _state_lists(self, group, params, states, fresh) -> tuple:
         return ([st["memory"] for st in states],), ()
-
-    def _scalars(self, group: dict) -> dict:
-        # k is clamped to each param's size in the op; an int64 holds any size
-        k = min(int(group["sparse_grad_size"]), _INT64_MAX)
-        return dict(lr=group["lr"], weight_decay=group["weight_decay"], sparse_grad_size=k,
-                    random_sparse=bool(group["random_sparse"]), generator=self.generator)
 
     @torch.no_grad()
     def update_estimated_weights(self, iteration: int, sparse_vector_size: int | None = None) -> None:

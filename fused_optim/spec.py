@@ -1,0 +1,84 @@
+"""``OpSpec``: the declaration of one update op, from which its schema, the optimizers' keyword
+scalars and the op tests' sample inputs are derived (the declarations are in :mod:`.specs`).
+
+An update op takes ``(params, grads, <state lists>, <per-step lists>, *, <scalars>, <AMP args>)``
+(see :mod:`._ops`). Its spec says, once:
+
+* the state lists: the op's argument name and the torch.optim state name each element comes from
+  (``momentum_buffers`` holds each param's ``state["momentum_buffer"]``);
+* the per-step lists (schema type and name, e.g. ``bool[] first_step``);
+* the keyword scalars: schema type, optional schema default, and where an optimizer takes the
+  value from: a group key (``"lr"``), or a function ``(optimizer, group) -> value`` for a
+  computed one (Adam's ``beta1`` is ``group["betas"][0]``, LAMB's ``global_grad_norm`` the
+  optimizer's norm of this step);
+* the reference implementation (:mod:`._reference`);
+* sample inputs for the op tests: a value per scalar, and a function making the extra keyword
+  arguments a call needs (a generator, LAMB's ``global_grad_norm``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+AMP_ARGS = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
+
+
+@dataclass(frozen=True)
+class StateList:
+    """A state tensor list of an op: its argument name, and the torch.optim state key of each
+    param whose tensor it holds. ``sample`` says how the op tests fill it: ``"any"`` (normal
+    values), ``"nonnegative"`` (second moments), ``"counter"`` (0-dim step counters)."""
+
+    name: str
+    state_key: str
+    sample: str = "any"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A keyword scalar: ``<type> <name>[=<default>]`` in the schema, whose value an optimizer
+    takes from ``source``: a group key, or a function ``(optimizer, group) -> value``."""
+
+    name: str
+    type: str
+    source: str | Callable[[Any, dict], Any]
+    default: str | None = None
+
+    def schema(self) -> str:
+        return f"{self.type} {self.name}" + ("" if self.default is None else f"={self.default}")
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One update op (``name`` ends in ``_``): everything about it that Python code needs."""
+
+    name: str
+    state: tuple[StateList, ...]
+    per_step: tuple[tuple[str, str], ...]  # (schema type, name), e.g. ("bool[]", "first_step")
+    scalars: tuple[Scalar, ...]
+    reference: Callable[..., None]
+    sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional scalar (op tests)
+    sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
+
+    def __post_init__(self) -> None:
+        names = {s.name for s in self.scalars if not s.type.endswith("?")}
+        if set(self.sample_scalars) != names:
+            raise ValueError(f"OpSpec {self.name}: sample_scalars must give a value for each scalar that is "
+                             f"not optional: {sorted(names)} (got {sorted(self.sample_scalars)})")
+
+    def schemas(self) -> dict[str, str]:
+        """The list op's schema (key ``""``) and its bucket twin's (key ``"bucket"``). State lists
+        are mutable aliases ``Tensor(b!)[]``, ``Tensor(c!)[]``, … after the params' ``a``."""
+        state = ", ".join(f"Tensor({chr(ord('b') + i)}!)[] {s.name}" for i, s in enumerate(self.state))
+        per_step = "".join(f", {kind} {name}" for kind, name in self.per_step)
+        scalars = ", ".join(s.schema() for s in self.scalars)
+        return {
+            "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
+            "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
+        }
+
+    def scalar_sources(self) -> tuple[tuple[str, str | Callable], ...]:
+        """``(scalar name, source)`` pairs for :meth:`FusedOptimizer._scalars`."""
+        return tuple((s.name, s.source) for s in self.scalars)
+
