@@ -4,46 +4,36 @@ import pytest
 import torch
 
 import fused_optim
+from fused_optim.spec import StateList
+from fused_optim.specs import SPECS
 
-SCALARS = {
-    "sgd_": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False, maximize=False,
-                 wd_after_momentum=False),
-    "sign_sgd_": dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False),
-    "lars_": dict(lr=0.1, momentum=0.9, dampening=0.0, weight_decay=0.01, nesterov=True, trust_coefficient=0.01,
-                  eps=1e-8, trust_clip=True, always_adapt=False),
-    "colossal_lars_": dict(lr=0.1, momentum=0.9, eeta=0.01, weight_decay=0.01, epsilon=0.0, lars=True),
-    "adam_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=True, decoupled=True,
-                  maximize=False, bias_correction=True),
-    "lamb_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, bias_correction=True,
-                  grad_averaging=True, adam_w_mode=True, max_grad_norm=1.0, use_nvlamb=False, trust_clip=False),
-    "colossal_lamb_": dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False,
-                           bias_correction=True),
-    "sparsified_sgd_": dict(lr=0.1, weight_decay=0.01, sparse_grad_size=5, random_sparse=True),
-}
-MOMENTUM_OPS = ("sgd_", "sign_sgd_", "lars_", "colossal_lars_")  # state: momentum buffers + first-step flags
-MOMENT_LISTS = {"adam_": 3, "lamb_": 2, "colossal_lamb_": 2}  # state: moment lists + step counters
+# Every declared op, with its declared sample values: each joins every op-level test below.
+SCALARS = {op: dict(spec.sample_scalars) for op, spec in SPECS.items()}
+# How a per-step list of each schema type is filled for params 0, 1, …
+PER_STEP_SAMPLES = {"bool[]": lambda count: [k % 3 == 0 for k in range(count)]}  # first_step: some True
+
+
+def sample_state_list(state: StateList, dtype, sizes) -> list:
+    """One state list: step counters 0, 1, 2, 0, …; moments that must be >= 0 uniform in [0, 1);
+    others (momentum buffers, memories) normal."""
+    if state.sample == "counter":
+        return [torch.tensor(float(k % 3)) for k in range(len(sizes))]
+    make = torch.rand if state.sample == "nonnegative" else torch.randn
+    return [make(n, dtype=dtype) for n in sizes]
 
 
 def sample_args(op: str, dtype, amp: bool, sizes=(1, 33, 4097)):
     """(params, grads, state lists..., per-step lists...), kwargs: split as the bucket twin wants
     them by ``state_and_per_step``."""
+    spec = SPECS[op]
     params = [torch.randn(n, dtype=dtype) for n in sizes]
     grads = [torch.randn(n, dtype=dtype) for n in sizes]
-    if op in MOMENTUM_OPS:
-        lists = ([torch.randn(n, dtype=dtype) for n in sizes], [k % 3 == 0 for k in range(len(sizes))])
-    elif op == "sparsified_sgd_":
-        lists = ([torch.randn(n, dtype=dtype) for n in sizes],)  # error-feedback memories
-    else:
-        lists = tuple([torch.rand(n, dtype=dtype) for n in sizes] for _ in range(MOMENT_LISTS[op])) + (
-            [torch.tensor(float(k % 3)) for k in range(len(sizes))],)
-    kwargs = dict(SCALARS[op])
-    if op == "lamb_":
-        kwargs["global_grad_norm"] = torch.tensor(30.0)  # > max_grad_norm: clips
-    if op == "sparsified_sgd_":
-        kwargs["generator"] = torch.Generator().manual_seed(0)
+    state = tuple(sample_state_list(st, dtype, sizes) for st in spec.state)
+    per_step = tuple(PER_STEP_SAMPLES[kind](len(sizes)) for kind, _ in spec.per_step)
+    kwargs = {**SCALARS[op], **spec.sample_extra()}
     if amp:
         kwargs.update(grad_scale=torch.tensor(8.0), found_inf=torch.tensor(0.0))
-    return (params, grads, *lists), kwargs
+    return (params, grads, *state, *per_step), kwargs
 
 
 def same_draws(kwargs: dict) -> dict:
@@ -54,7 +44,9 @@ def same_draws(kwargs: dict) -> dict:
 
 
 def state_and_per_step(op: str, rest):
-    return (rest[:1], rest[1:]) if op in MOMENTUM_OPS else (rest, [])
+    """The op's list arguments after params and grads, split into (state lists, per-step lists)."""
+    count = len(SPECS[op].state)
+    return rest[:count], rest[count:]
 
 
 @pytest.mark.parametrize("amp", [False, True], ids=["plain", "amp"])
@@ -77,8 +69,6 @@ LAUNCH_LAYOUTS = {"even": (1, 33, 4097), "tiny_at_split": (0, 40000, 0, 5, 0, 40
 @pytest.mark.parametrize("op", list(SCALARS))
 def test_kernel_equals_reference_on_the_op_level(op, layout, threads):
     """Every element updated once, whatever the layout and the number of threads sharing it."""
-    from fused_optim import _reference
-
     args, kwargs = sample_args(op, torch.float64, amp=True, sizes=LAUNCH_LAYOUTS[layout])
     clone = lambda xs: [x.clone() if isinstance(x, torch.Tensor) else x for x in xs]  # noqa: E731
     ref_args = tuple(clone(a) for a in args)
@@ -87,7 +77,7 @@ def test_kernel_equals_reference_on_the_op_level(op, layout, threads):
         getattr(torch.ops.fused_optim, op)(*args, **kwargs)
     finally:
         torch.set_num_threads(2)  # the session's setting (conftest)
-    getattr(_reference, op)(*ref_args, **same_draws(kwargs))
+    SPECS[op].reference(*ref_args, **same_draws(kwargs))
     for a, b in zip(args, ref_args):
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):

@@ -1,0 +1,56 @@
+"""Every registered optimizer is complete: its op is declared (fused_optim/specs.py), has a
+reference, a schema, a CPU kernel and op-level tests, and the adapters can name its class and
+its registry entry. Parametrized by ``list_optimizers()``: a new registry entry is checked
+without being listed here."""
+
+import pytest
+import torch
+
+import fused_optim
+import mmengine_optim  # noqa: F401 - registers every optimizer in mmengine_optim's scope
+from fused_optim import _build, _reference
+from fused_optim.optimizer import FusedOptimizer
+from fused_optim.registry import get_spec, list_optimizers
+from fused_optim.specs import SPECS
+from mmengine_optim.registry import OPTIMIZERS
+from test_ops import SCALARS
+
+
+def op_spec(name: str):
+    """The OpSpec of the op that registry entry ``name``'s class calls."""
+    cls = get_spec(name).cls
+    assert issubclass(cls, FusedOptimizer), f"{name}: {cls.__name__} is not a FusedOptimizer"
+    assert cls.op_name in SPECS, f"{name}: {cls.__name__}.op_name {cls.op_name!r} is not declared in specs.py"
+    return SPECS[cls.op_name]
+
+
+@pytest.mark.parametrize("name", list_optimizers())
+def test_the_op_has_a_reference_a_schema_a_cpu_kernel_and_op_tests(name):
+    spec = op_spec(name)
+    assert spec.reference is getattr(_reference, spec.name)
+    _build.load("cpu")
+    for suffix, schema in spec.schemas().items():
+        qualified = f"fused_optim::{spec.name}{suffix}"
+        op = getattr(torch.ops.fused_optim, spec.name + suffix).default
+        assert op._schema == torch._C.parse_schema(qualified + schema)
+        # the list op's kernel is CPU's; the twin is registered for every backend
+        key = "CPU" if suffix == "" else "CompositeExplicitAutograd"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key), f"{qualified} has no {key} kernel"
+    assert spec.name in SCALARS  # enrolled in every op-level test of test_ops.py (and CUDA, Tensor lr)
+
+
+@pytest.mark.parametrize("name", list_optimizers())
+def test_the_adapters_can_name_the_class_and_the_entry(name):
+    entry = get_spec(name)
+    # mmengine: the class under its class name, the entry (class + defaults) under its name
+    assert OPTIMIZERS.get(entry.cls.__name__) is entry.cls
+    assert OPTIMIZERS.get(entry.name).entry == entry.name
+    opt = OPTIMIZERS.get(entry.name)([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert type(opt) is entry.cls and all(opt.defaults[k] == v for k, v in entry.defaults.items())
+    # Lightning's CLI resolves a class path: fused_optim.<class name>
+    assert getattr(fused_optim, entry.cls.__name__) is entry.cls and entry.cls.__name__ in fused_optim.__all__
+
+
+def test_every_declared_op_is_called_by_a_registered_optimizer():
+    """No spec without an optimizer (a left-over op nothing can reach)."""
+    assert {op_spec(name).name for name in list_optimizers()} == set(SPECS)
