@@ -51,6 +51,19 @@ def test_the_adapters_can_name_the_class_and_the_entry(name):
     assert getattr(fused_optim, entry.cls.__name__) is entry.cls and entry.cls.__name__ in fused_optim.__all__
 
 
+@pytest.mark.parametrize("name", list_optimizers())
+def test_the_state_an_optimizer_keeps_is_named_in_its_op_spec(name):
+    """After a step (with momentum where the group has it, so that SGD keeps a buffer) every
+    state key is the torch.optim name of one of the op's state lists."""
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = fused_optim.create_optimizer(name, [p], lr=0.1)
+    if "momentum" in opt.param_groups[0]:
+        opt.param_groups[0]["momentum"] = 0.9
+    opt.step()
+    assert opt.state[p] and set(opt.state[p]) <= {st.state_key for st in op_spec(name).state}
+
+
 def test_every_declared_op_is_called_by_a_registered_optimizer():
     """No spec without an optimizer (a left-over op nothing can reach)."""
     assert {op_spec(name).name for name in list_optimizers()} == set(SPECS)
