@@ -236,7 +236,8 @@ class _StateDict(defaultdict):
 
 class FusedOptimizer(torch.optim.Optimizer):
     op_name: ClassVar[str]
-    _scalar_sources: ClassVar[tuple]  # (scalar, group key or function): from the op's spec
+    _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
+    _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
     _reference_update: ClassVar[Callable]  # the op's pure-PyTorch implementation: from the op's spec
     flags: ClassVar[tuple[str, ...]] = ()  # the group's boolean options (checked by check_flag)
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
@@ -248,8 +249,9 @@ class FusedOptimizer(torch.optim.Optimizer):
             if cls.op_name not in SPECS:
                 raise TypeError(f"{cls.__name__}.op_name = {cls.op_name!r} has no OpSpec; declare the op in "
                                 "fused_optim/specs.py")
-            cls._scalar_sources = SPECS[cls.op_name].scalar_sources()
-            cls._reference_update = staticmethod(SPECS[cls.op_name].reference)
+            spec = SPECS[cls.op_name]
+            cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
+            cls._reference_update = staticmethod(spec.reference)
 
     def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
         if fused not in (None, True, False):
@@ -279,7 +281,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _scalars(self, group: dict) -> dict:
         """The op's keyword scalars: each a group value, or computed by its spec's function (one
         dict build per group and step)."""
-        return {name: group[src] if type(src) is str else src(self, group) for name, src in self._scalar_sources}
+        scalars = {name: group[key] for name, key in self._group_scalars}
+        for name, compute in self._computed_scalars:
+            scalars[name] = compute(self, group)
+        return scalars
 
     def _layout(self, group: dict) -> tuple:
         return ()

@@ -78,7 +78,11 @@ class OpSpec:
             "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
         }
 
-    def scalar_sources(self) -> tuple[tuple[str, str | Callable], ...]:
-        """``(scalar name, source)`` pairs for :meth:`FusedOptimizer._scalars`."""
-        return tuple((s.name, s.source) for s in self.scalars)
+    def group_scalars(self) -> tuple[tuple[str, str], ...]:
+        """``(scalar name, group key)`` of the scalars read from the group as they are."""
+        return tuple((s.name, s.source) for s in self.scalars if isinstance(s.source, str))
+
+    def computed_scalars(self) -> tuple[tuple[str, Callable[[Any, dict], Any]], ...]:
+        """``(scalar name, function (optimizer, group) -> value)`` of the computed scalars."""
+        return tuple((s.name, s.source) for s in self.scalars if not isinstance(s.source, str))
 
