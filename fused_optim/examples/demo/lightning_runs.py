@@ -86,6 +86,15 @@ class RecordingProgressBar(ProgressBar):
         if trainer.is_global_zero:
             self.recorder.finish(pl_module.net)
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        # The spawned ranks meet, then tear gloo down before they exit (nothing after fit talks to
+        # the group): a rank whose group is torn down at interpreter exit while the other still
+        # talks to it can abort ("terminate called without an active exception"), as in the
+        # mmengine runs.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
 
 def train(run: Run, setup: Setup, out_dir: Path, title: str) -> dict:
     """Train ``run`` with Lightning; its result as :meth:`Recorder.finish` wrote it."""
