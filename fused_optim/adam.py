@@ -82,7 +82,6 @@ class FusedAdam(FusedOptimizer):
     """
 
     op_name = "adam_"
-    flags = ("amsgrad", "decoupled_weight_decay", "bias_correction", "maximize")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,

@@ -72,7 +72,6 @@ class FusedLAMB(_LambBase):
     """
 
     op_name = "lamb_"
-    flags = ("bias_correction", "adam_w_mode", "grad_averaging", "use_nvlamb", "trust_clip")
 
     def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
@@ -150,7 +149,6 @@ class ColossalLamb(_LambBase):
     """
 
     op_name = "colossal_lamb_"
-    flags = ("adam", "bias_correction")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,

@@ -42,7 +42,6 @@ class LARS(MomentumOptimizer):
     """
 
     op_name = "lars_"
-    flags = ("nesterov", "trust_clip", "always_adapt")
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.001,
@@ -87,7 +86,7 @@ class ColossalLars(MomentumOptimizer):
     """
 
     op_name = "colossal_lars_"
-    flags = ("lars",)
+    extra_flags = ("lars",)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, eeta: float = 1e-3,
                  weight_decay: float = 0.0, epsilon: float = 0.0, *, set_grad_none: bool = True,

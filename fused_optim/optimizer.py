@@ -239,7 +239,10 @@ class FusedOptimizer(torch.optim.Optimizer):
     _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
     _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
     _reference_update: ClassVar[Callable]  # the op's pure-PyTorch implementation: from the op's spec
-    flags: ClassVar[tuple[str, ...]] = ()  # the group's boolean options (checked by check_flag)
+    # The group's boolean options, checked by check_flag: the op's boolean scalars read from the
+    # group (from its spec) and ``extra_flags``, those that are not (or are computed) op scalars.
+    extra_flags: ClassVar[tuple[str, ...]] = ()
+    _flags: ClassVar[tuple[str, ...]] = ()
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
 
     def __init_subclass__(cls, **kwargs) -> None:
@@ -251,6 +254,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                                 "fused_optim/specs.py")
             spec = SPECS[cls.op_name]
             cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
+            cls._flags = (*spec.group_flags(), *cls.extra_flags)
             cls._reference_update = staticmethod(spec.reference)
 
     def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
@@ -356,7 +360,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     # ---- internals --------------------------------------------------------------------------
     def _check_group(self, group: dict) -> None:
         """The algorithm's checks of a group's hyperparameters, after those of its boolean options."""
-        for name in self.flags:
+        for name in self._flags:
             if name in group:
                 check_flag(name, group[name])
         self._validate(group)

@@ -75,7 +75,7 @@ class FusedSGD(MomentumOptimizer):
     """
 
     op_name = "sgd_"
-    flags = ("nesterov", "wd_after_momentum", "maximize", "materialize_master_grads")
+    extra_flags = ("materialize_master_grads",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,

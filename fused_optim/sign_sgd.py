@@ -32,7 +32,6 @@ class SignSGD(MomentumOptimizer):
     """
 
     op_name = "sign_sgd_"
-    flags = ("nesterov",)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, *, set_grad_none: bool = True,

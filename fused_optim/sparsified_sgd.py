@@ -52,7 +52,7 @@ class SparsifiedSGD(FusedOptimizer):
     """
 
     op_name = "sparsified_sgd_"
-    flags = ("random_sparse",)
+    extra_flags = ("random_sparse",)
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, sparse_grad_size: int = 10,
                  random_sparse: bool = False, *, seed: int | None = None, set_grad_none: bool = True,

@@ -82,6 +82,10 @@ class OpSpec:
         """``(scalar name, group key)`` of the scalars read from the group as they are."""
         return tuple((s.name, s.source) for s in self.scalars if isinstance(s.source, str))
 
+    def group_flags(self) -> tuple[str, ...]:
+        """The group keys of the boolean scalars read from the group as they are."""
+        return tuple(s.source for s in self.scalars if s.type == "bool" and isinstance(s.source, str))
+
     def computed_scalars(self) -> tuple[tuple[str, Callable[[Any, dict], Any]], ...]:
         """``(scalar name, function (optimizer, group) -> value)`` of the computed scalars."""
         return tuple((s.name, s.source) for s in self.scalars if not isinstance(s.source, str))
