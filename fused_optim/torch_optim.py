@@ -39,6 +39,11 @@ from .optimizer import FusedOptimizer
 from .sgd import FusedSGD
 
 
+def _constant(value):
+    """A computed scalar that is always ``value``."""
+    return lambda optimizer, group: value
+
+
 class TorchOptimizer(FusedOptimizer):
     """torch.optim's constructor contract over an algorithm class (the next base in the MRO).
 
@@ -66,8 +71,14 @@ class TorchOptimizer(FusedOptimizer):
                 f"kernels autograd cannot see through; use torch.optim.{type(self).__name__} for differentiable=True)"
             )
 
-    def _scalars(self, group: dict) -> dict:
-        return super()._scalars({**self._algorithm_options, **group})
+    def __init_subclass__(cls, **kwargs) -> None:
+        """The op scalars read from ``_algorithm_options``' keys become constants (once, here: the
+        groups hold no such key, and a step builds no merged dict)."""
+        super().__init_subclass__(**kwargs)
+        fixed = cls._algorithm_options
+        cls._computed_scalars = (*cls._computed_scalars, *((name, _constant(fixed[key]))
+                                                           for name, key in cls._group_scalars if key in fixed))
+        cls._group_scalars = tuple((name, key) for name, key in cls._group_scalars if key not in fixed)
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
