@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -120,6 +121,13 @@ def _train_rank(rank: int, run: Run, setup: Setup, out_dir: Path, title: str, po
     # still talks to it can make the other abort ("terminate called without an active exception").
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
+    # Everything this rank had to do is done and written (the result file, the flushed output). A
+    # rank has still aborted once at interpreter exit after this point ("terminate called without an
+    # active exception": a native object's thread torn down by static destructors), so the rank
+    # leaves without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _net(runner) -> torch.nn.Module:
