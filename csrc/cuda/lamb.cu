@@ -56,16 +56,16 @@ __device__ LambMath<M> lamb_math(const TensorListMetadata<Depth>& meta, const Ch
   const double c1 = a.colossal ? 1.0 : 1.0 / bc1, c2 = a.colossal ? 1.0 : 1.0 / sqrt(bc2);
   const double lr_t = a.colossal ? lr * sqrt(bc2) / bc1 : lr;
   return {static_cast<M>(grad_mul),
-          a.weight_decay,
-          a.beta1,
-          a.beta3,
-          a.beta2,
+          static_cast<M>(a.weight_decay),
+          static_cast<M>(a.beta1),
+          static_cast<M>(a.beta3),
+          static_cast<M>(a.beta2),
           static_cast<M>(1.0 - a.beta2),
-          a.eps,
+          static_cast<M>(a.eps),
           static_cast<M>(c1),
           static_cast<M>(c2),
           static_cast<M>(lr_t),
-          a.weight_decay != 0.f,
+          a.weight_decay != 0.0,
           a.decoupled};
 }
 
