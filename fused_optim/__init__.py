@@ -9,6 +9,7 @@ The update rules are in docs/algorithms.md; the ``fused`` flag and the environme
 """
 
 from . import _ops  # noqa: F401  (defines the op schemas)
+from . import testing  # noqa: F401  (fused_optim.testing.emulated_cuda)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale

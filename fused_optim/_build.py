@@ -6,6 +6,9 @@ compiles ``csrc/cpu/*.cpp`` (:data:`CSRC`, grouped into one translation unit per
 registers op implementations (no pybind); the result is cached under ``TORCH_EXTENSIONS_DIR``.
 The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library, built by
 ``load("cuda")`` — the first fused step on a CUDA tensor — and only when ``torch.cuda.is_available()``.
+A third, the emulated CUDA library, is the same CUDA sources compiled for the CPU with the host
+compiler and ``csrc/emulation`` first on the include path (:func:`load_emulated_cuda`, on the first
+use of ``fused_optim.testing.emulated_cuda``); its ops take CPU tensors.
 
 Cache key. The extension name, and with it the build directory, carries a CPU-ISA tag and the
 torch version (CPU; a ``-march=native`` build made on one CPU, or for one torch, is never loaded
@@ -107,6 +110,12 @@ NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-W
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
 CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 
+# The emulated CUDA library: the binding registers the ops of _ops.EMULATED_CUDA for CPU tensors;
+# _FORTIFY_SOURCE's longjmp would refuse the emulation's fiber switches (csrc/emulation/scheduler.h).
+# -march=native: fma() an instruction, and a*b + c contracted to one, as nvcc does by default.
+EMULATION_FLAGS = ["-O2", "-march=native", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas",
+                   f"-DFUSED_OPTIM_CUDA_LIBRARY={_ops.EMULATED_CUDA}", "-DFUSED_OPTIM_CUDA_KEY=CPU"]
+
 
 def cuda_sources() -> list[str]:
     return sorted(str(p) for p in (CSRC / "cuda").glob("*.cu"))
@@ -119,10 +128,14 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
     return [nvcc, *NVCC_FLAGS, *COMMON_NVCC_FLAGS, "-c", source, "-o", output]
 
 
+# The folders under CSRC each build reads.
+SOURCE_FOLDERS = {"cpu": ("cpu", "shared"), "cuda": ("cuda", "shared"), "emulated_cuda": ("cuda", "emulation", "shared")}
+
+
 def source_files(kind: str) -> list[Path]:
-    """The files a build of ``kind`` ("cpu" or "cuda") reads, relative to ``CSRC``: those under
-    ``csrc/<kind>`` and ``csrc/shared``."""
-    return sorted(p.relative_to(CSRC) for folder in (kind, "shared") for p in (CSRC / folder).rglob("*")
+    """The files a build of ``kind`` ("cpu", "cuda" or "emulated_cuda") reads, relative to ``CSRC``:
+    those under its ``SOURCE_FOLDERS``."""
+    return sorted(p.relative_to(CSRC) for folder in SOURCE_FOLDERS[kind] for p in (CSRC / folder).rglob("*")
                   if p.suffix in SOURCE_SUFFIXES)
 
 
@@ -150,6 +163,11 @@ def extension_name() -> str:
 def cuda_extension_name() -> str:
     cuda = (torch.version.cuda or "none").replace(".", "_")
     return f"fused_optim_cuda_torch{_torch_version()}_cu{cuda}_{content_tag('cuda', CUDA_JIT_FLAGS)}"
+
+
+def emulated_cuda_extension_name() -> str:
+    tag = content_tag("emulated_cuda", EMULATION_FLAGS)
+    return f"fused_optim_emulated_cuda_{isa_tag()}_torch{_torch_version()}_{tag}"
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
@@ -243,6 +261,20 @@ def _cuda_build_args(directory: Path) -> dict:
                 with_cuda=True)
 
 
+def _emulated_cuda_build_args(directory: Path) -> dict:
+    """Stage the CUDA sources and the emulation headers in ``directory``; cpp_extension.load's
+    arguments for them: each kernel file as a C++ unit of its own (as nvcc compiles them), the
+    binding, the emulation headers first on the include path."""
+    src = stage_sources("emulated_cuda", directory)
+    units = []
+    for kernel in sorted((src / "cuda").glob("*.cu")):
+        unit = directory / "units" / f"{kernel.stem}.cpp"
+        _write_if_changed(unit, f'#include "{kernel}"\n'.encode())
+        units.append(str(unit))
+    return dict(sources=[*units, str(src / CUDA_BINDING.relative_to(CSRC))], extra_cflags=list(EMULATION_FLAGS),
+                extra_include_paths=[str(src / "emulation")], with_cuda=False)
+
+
 @dataclass
 class _Library:
     """One native library: its label in messages, its name, how to stage it, and this process's
@@ -258,6 +290,7 @@ class _Library:
 
 _CPU = _Library("CPU", extension_name, _cpu_build_args)
 _CUDA = _Library("CUDA", cuda_extension_name, _cuda_build_args)
+_EMULATED_CUDA = _Library("emulated CUDA", emulated_cuda_extension_name, _emulated_cuda_build_args)
 
 
 def load(device_type: str = "cpu") -> None:
@@ -266,6 +299,13 @@ def load(device_type: str = "cpu") -> None:
     _load_library(_CPU)
     if device_type == "cuda":
         _load_library(_CUDA)
+
+
+def load_emulated_cuda() -> None:
+    """Build (or load from cache) the emulated CUDA library, the implementations of the ops of
+    ``torch.ops.fused_optim_emulated_cuda``; raise :class:`BuildError` saying how to debug."""
+    _ops.define_emulated_cuda_ops()
+    _load_library(_EMULATED_CUDA)
 
 
 def _load_library(lib: _Library) -> None:

@@ -424,7 +424,17 @@ class FusedOptimizer(torch.optim.Optimizer):
             return False
 
     def _step_twin(self, bucket: _Bucket, scalars: dict, amp: dict) -> bool:
-        """The bucket's eager kernel call; False (nothing changed) when a param has no grad."""
+        """The bucket's eager kernel call; False (nothing changed) when a param has no grad.
+
+        Under ``fused_optim.testing.emulated_cuda()`` this does what the twin does for CUDA params
+        (read the grads, call the list op: ``run_on_device`` in csrc/cpu/bucket.h) with the emulated
+        CUDA library's list op: the twin itself would run the CPU kernels on these CPU tensors."""
+        if _ops.emulating_cuda():
+            grads = [p.grad for p in bucket.params]
+            if any(g is None for g in grads):
+                return False
+            _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+            return True
         return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
 
     def _cached_plan(self, group: dict) -> _Plan | None:
