@@ -113,8 +113,21 @@ CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 # The emulated CUDA library: the binding registers the ops of _ops.EMULATED_CUDA for CPU tensors;
 # _FORTIFY_SOURCE's longjmp would refuse the emulation's fiber switches (csrc/emulation/scheduler.h).
 # -march=native: fma() an instruction, and a*b + c contracted to one, as nvcc does by default.
-EMULATION_FLAGS = ["-O2", "-march=native", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas",
+EMULATION_FLAGS = ["-march=native", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas",
                    f"-DFUSED_OPTIM_CUDA_LIBRARY={_ops.EMULATED_CUDA}", "-DFUSED_OPTIM_CUDA_KEY=CPU"]
+# Set to e.g. "address,undefined", a build of the emulated CUDA library of its own under those
+# sanitizers (the process must preload their runtime: tests/test_cuda_emulation.py shows how).
+EMULATION_SANITIZERS_ENV = "FUSED_OPTIM_EMULATION_SANITIZERS"
+
+
+def emulation_flags() -> list[str]:
+    """The emulated CUDA library's compile (and link) flags: -O2 and EMULATION_FLAGS, or with the
+    sanitizers the environment asks for (EMULATION_SANITIZERS_ENV) -O0 (such a build compiles
+    five times faster so, and its checks miss nothing)."""
+    sanitizers = os.environ.get(EMULATION_SANITIZERS_ENV, "")
+    if not sanitizers:
+        return ["-O2", *EMULATION_FLAGS]
+    return ["-O0", *EMULATION_FLAGS, f"-fsanitize={sanitizers}", "-fno-omit-frame-pointer"]
 
 
 def cuda_sources() -> list[str]:
@@ -129,7 +142,8 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
 
 
 # The folders under CSRC each build reads.
-SOURCE_FOLDERS = {"cpu": ("cpu", "shared"), "cuda": ("cuda", "shared"), "emulated_cuda": ("cuda", "emulation", "shared")}
+SOURCE_FOLDERS = {"cpu": ("cpu", "shared"), "cuda": ("cuda", "shared"),
+                  "emulated_cuda": ("cuda", "emulation", "shared")}
 
 
 def source_files(kind: str) -> list[Path]:
@@ -166,7 +180,7 @@ def cuda_extension_name() -> str:
 
 
 def emulated_cuda_extension_name() -> str:
-    tag = content_tag("emulated_cuda", EMULATION_FLAGS)
+    tag = content_tag("emulated_cuda", emulation_flags())
     return f"fused_optim_emulated_cuda_{isa_tag()}_torch{_torch_version()}_{tag}"
 
 
@@ -271,7 +285,9 @@ def _emulated_cuda_build_args(directory: Path) -> dict:
         unit = directory / "units" / f"{kernel.stem}.cpp"
         _write_if_changed(unit, f'#include "{kernel}"\n'.encode())
         units.append(str(unit))
-    return dict(sources=[*units, str(src / CUDA_BINDING.relative_to(CSRC))], extra_cflags=list(EMULATION_FLAGS),
+    flags = emulation_flags()
+    return dict(sources=[*units, str(src / CUDA_BINDING.relative_to(CSRC))], extra_cflags=flags,
+                extra_ldflags=[f for f in flags if f.startswith("-fsanitize")],
                 extra_include_paths=[str(src / "emulation")], with_cuda=False)
 
 

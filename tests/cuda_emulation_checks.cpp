@@ -233,7 +233,8 @@ void check_format(const char* name, ToFloat to_float, FromFloat from_float, uint
     const uint32_t even = (h & 1u) == 0 ? h : h + 1;
     check(from_float(mid) == even, std::string(name) + ": tie after " + std::to_string(h));
     check(from_float(from_bits(bits(mid) - 1)) == h, std::string(name) + ": below the tie after " + std::to_string(h));
-    check(from_float(from_bits(bits(mid) + 1)) == h + 1, std::string(name) + ": above the tie after " + std::to_string(h));
+    check(from_float(from_bits(bits(mid) + 1)) == h + 1,
+          std::string(name) + ": above the tie after " + std::to_string(h));
   }
   check(from_float(from_bits(0x7fc00001u)) == 0x7fffu && from_float(-from_bits(0x7f800001u)) == 0x7fffu,
         std::string(name) + ": NaN narrows to 0x7fff");

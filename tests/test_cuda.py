@@ -62,8 +62,8 @@ def backend(request) -> Backend:
 # the math is fp64 in both, a few ulps over the update's ~20 operations.
 TOLERANCE = {torch.float32: (2e-5, 1e-6), torch.float64: (1e-12, 1e-14), torch.bfloat16: (1.6e-2, 1e-3),
              torch.float16: (2e-3, 1e-4)}
-# 1, 33, 4097 and a 64K-element chunk boundary ± 1 (a tensor of 65537 is two chunks, one of 1 element).
-SIZES = (1, 33, 4097, 65535, 65537)
+# Empty, 1, 33, 4097 and a 64K-element chunk boundary ± 1 (65537 is two chunks, one of 1 element).
+SIZES = (0, 1, 33, 4097, 65535, 65537)
 
 
 def _to(args, device, offset=False):

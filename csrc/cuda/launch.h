@@ -111,7 +111,8 @@ void lamb_launch(DType dtype, int64_t n, void* const* params, void* const* grads
 // sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
 // then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.
 void sparsified_sgd_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* memories,
-                           const int64_t* sizes, const DeviceScalars& scalars, double weight_decay, cudaStream_t stream);
+                           const int64_t* sizes, const DeviceScalars& scalars, double weight_decay,
+                           cudaStream_t stream);
 void sparse_apply_launch(DType dtype, void* param, void* memory, const int64_t* indices, int64_t k,
                          const DeviceScalars& scalars, cudaStream_t stream);
 

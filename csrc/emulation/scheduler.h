@@ -2,9 +2,10 @@
 //
 // One launch runs at a time in the process (launches from several OS threads take turns: the
 // emulated GPU has one stream), its blocks one after another on the launching OS thread. A block
-// runs its real threads, each CUDA thread a fiber: its own stack (with a guard page), started with ucontext and switched with
-// _setjmp/_longjmp (no signal-mask system call per switch: a round trip takes ~60 ns, swapcontext's
-// ~1 µs). The scheduler resumes the threads in rank order; a thread runs until it exits or waits:
+// runs its real threads, each CUDA thread a fiber: its own stack (with a guard page), started with
+// ucontext and switched with _setjmp/_longjmp (no signal-mask system call per switch: a round trip
+// takes ~60 ns, swapcontext's ~1 µs). The scheduler resumes the threads in rank order; a thread
+// runs until it exits or waits:
 //
 //   __syncthreads()        waits until every thread of the block has arrived (the barrier's
 //                          generation then advances, releasing them all);
