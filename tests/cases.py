@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 import fused_optim
+from fused_optim.registry import get_spec, list_optimizers
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,23 @@ STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
 
 
 LAYERWISE_CASES = _layerwise_cases()
+
+
+def _registry_cases() -> list[Case]:
+    """Every registry entry as it is created by name (its defaults, lr=0.01), against our reference:
+    a newly registered optimizer is compared without being listed here. One that draws random
+    numbers (takes a ``seed``) gets the same seed on both sides."""
+    cases = []
+    for name in list_optimizers():
+        entry = get_spec(name)
+        kw = {**entry.defaults, "lr": 0.01}
+        if "seed" in inspect.signature(entry.cls).parameters:
+            kw["seed"] = 0
+        cases.append(Case(f"registry-{name}", entry.cls, kw, entry.cls, {**kw, "fused": False}))
+    return cases
+
+
+REGISTRY_CASES = _registry_cases()
 # Every algorithm's state, for tests that need no torch.optim counterpart (make_torch is then our
 # reference implementation).
 STATEFUL_AND_LAYERWISE = STATEFUL_CASES + LAYERWISE_CASES
