@@ -12,6 +12,7 @@ from . import _ops  # noqa: F401  (defines the op schemas)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
+from .colossal_adam import CPUAdam, HybridAdam
 from .lamb import ColossalLamb, FusedLAMB, Lamb
 from .lars import LARS, ColossalLars, Lars
 from .norm import multi_tensor_l2norm, sum_squares_
@@ -26,6 +27,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "AdaScale",
+    "CPUAdam",
     "ColossalLamb",
     "ColossalLars",
     "LARS",
@@ -33,6 +35,7 @@ __all__ = [
     "FusedLAMB",
     "FusedOptimizer",
     "FusedSGD",
+    "HybridAdam",
     "Lamb",  # = ColossalLamb (ColossalAI's class name)
     "Lars",  # = ColossalLars
     "SGD",

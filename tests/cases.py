@@ -52,6 +52,17 @@ def _adam_cases() -> list[Case]:
     return cases
 
 
+def _colossalai_adam_cases() -> list[Case]:
+    """ColossalAI's CPUAdam / HybridAdam (adamw_mode: AdamW, else Adam with L2) == torch.optim."""
+    cases = []
+    for cls, adamw_mode in itertools.product((fused_optim.CPUAdam, fused_optim.HybridAdam), (True, False)):
+        kw = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+        cid = f"{cls.__name__}-adamw_mode{int(adamw_mode)}"
+        cases.append(Case(cid, cls, {**kw, "adamw_mode": adamw_mode},
+                          torch.optim.AdamW if adamw_mode else torch.optim.Adam, kw))
+    return cases
+
+
 def _layerwise_cases() -> list[Case]:
     """The layer-wise, sign and sparsified optimizers, each checked against our own reference implementation
     (fused=False; the published references are replayed from golden files in test_golden.py)."""
@@ -80,7 +91,7 @@ def _layerwise_cases() -> list[Case]:
 
 SGD_CASES = _sgd_cases()
 ADAM_CASES = _adam_cases()
-ALL_CASES = SGD_CASES + ADAM_CASES
+ALL_CASES = SGD_CASES + ADAM_CASES + _colossalai_adam_cases()
 # A smaller set that still covers every state tensor of both algorithms.
 STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
     "sgd-m0.9-d0.3-nest0-wd0.05-max0", "sgd-m0.9-d0.0-nest1-wd0.05-max0",
