@@ -26,10 +26,11 @@ reference implementation.
 
 Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` in its
 build directory; the kernel releases it when its holder dies. A process that waits for it longer
-than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. cpp_extension's
-own lock file (``CPP_EXTENSION_LOCK``) is never released by a killed build and would make every
-later process wait forever; found while holding the flock, it can only be such a leftover, so it
-is removed.
+than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. Where
+cpp_extension's own lock file (``CPP_EXTENSION_LOCK``) blocks by existing (a ``FileBaton``, up to
+torch 2.13), a killed build never removes it and every later process would wait forever; found
+while holding the flock, it can only be such a leftover, so it is removed. Newer torch flocks that
+file instead (it stays after every build and blocks nobody once its holder is gone): it is left.
 
 Messages: one line on stderr each when a build starts (what, where, that it is one-time), when
 waiting for another process's build, and when removing a stale lock; a cached load prints
@@ -82,7 +83,7 @@ CUDA_JIT_FLAGS = ["-O3"]  # the JIT build's host and nvcc flags (cpp_extension p
 SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 MANIFEST = "fused_optim_manifest.json"  # name -> [size, sha256] of each build output
 LOCK = "fused_optim.lock"  # flock'ed while building or loading; holds its owner's pid and host
-CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton: exists while it builds)
+CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton up to torch 2.13, then flock'ed)
 CPUINFO = Path("/proc/cpuinfo")
 QUIET_WAIT_SECONDS = 5.0  # a wait for the build lock shorter than this is not reported
 
@@ -351,10 +352,19 @@ def _lock_exclusively(fd: int, what: str) -> None:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
 
 
+def cpp_extension_lock_blocks() -> bool:
+    """Whether cpp_extension's lock file blocks by existing (a ``FileBaton``) rather than being
+    flock'ed (torch >= 2.14; the file then stays after every build)."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
+
+
 def _remove_stale_cpp_extension_lock(directory: Path) -> None:
-    """Remove cpp_extension's lock file, which only a killed build leaves while we hold the flock."""
+    """Remove cpp_extension's lock file where it blocks by existing: only a killed build leaves it
+    while we hold the flock."""
     baton = directory / CPP_EXTENSION_LOCK
-    if baton.exists():
+    if cpp_extension_lock_blocks() and baton.exists():
         _say(f"removing the stale lock {baton} left by a build that was killed")
         baton.unlink()
 
