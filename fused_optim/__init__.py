@@ -12,6 +12,7 @@ from . import _ops  # noqa: F401  (defines the op schemas)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
+from .fp16_optimizer import DynamicLossScaler, FP16Optimizer
 from .lamb import ColossalLamb, FusedLAMB, Lamb
 from .lars import LARS, ColossalLars, Lars
 from .norm import multi_tensor_l2norm, sum_squares_
@@ -28,6 +29,8 @@ __all__ = [
     "AdaScale",
     "ColossalLamb",
     "ColossalLars",
+    "DynamicLossScaler",
+    "FP16Optimizer",
     "LARS",
     "FusedAdam",
     "FusedLAMB",
