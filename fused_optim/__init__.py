@@ -13,6 +13,7 @@ from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
 from .colossal_adam import CPUAdam, HybridAdam
+from .fp16_optimizer import DynamicLossScaler, FP16Optimizer
 from .lamb import ColossalLamb, FusedLAMB, Lamb
 from .lars import LARS, ColossalLars, Lars
 from .norm import multi_tensor_l2norm, sum_squares_
@@ -30,6 +31,8 @@ __all__ = [
     "CPUAdam",
     "ColossalLamb",
     "ColossalLars",
+    "DynamicLossScaler",
+    "FP16Optimizer",
     "LARS",
     "FusedAdam",
     "FusedLAMB",
