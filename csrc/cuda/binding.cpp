@@ -16,6 +16,7 @@
 
 #include "../shared/checks.h"
 #include "../shared/sparse_indices.h"
+#include "../shared/update_ops.h"
 #include "launch.h"
 
 // The library and dispatch key these implementations are registered for: fused_optim's CUDA key;
@@ -425,14 +426,9 @@ void sum_squares_cuda(const at::Tensor& sums, at::TensorList tensors, c10::IntAr
 TORCH_LIBRARY_IMPL(FUSED_OPTIM_CUDA_LIBRARY, FUSED_OPTIM_CUDA_KEY, m) {
   m.impl("l2norm", &l2norm_cuda);
   m.impl("sum_squares_", &sum_squares_cuda);
-  m.impl("sgd_", &sgd_cuda);
-  m.impl("sign_sgd_", &sign_sgd_cuda);
-  m.impl("lars_", &lars_cuda);
-  m.impl("colossal_lars_", &colossal_lars_cuda);
-  m.impl("sparsified_sgd_", &sparsified_sgd_cuda);
-  m.impl("adam_", &adam_cuda);
-  m.impl("lamb_", &lamb_cuda);
-  m.impl("colossal_lamb_", &colossal_lamb_cuda);
+#define FUSED_OPTIM_REGISTER_CUDA(name) m.impl(#name "_", &name##_cuda);
+  FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CUDA)
+#undef FUSED_OPTIM_REGISTER_CUDA
 }
 
 }  // namespace fused_optim
