@@ -28,7 +28,8 @@ def emulated_cuda() -> Iterator[None]:
 
     The library is built on first use (a minute; later uses load the cached build) and raises
     ``fused_optim._build.BuildError`` when it cannot be built. Params and state are ordinary CPU
-    tensors; an optimizer steps through the list ops, as it does on a GPU.
+    tensors; an optimizer steps through the list ops, as it does on a GPU. The routing is
+    process-wide: steps taken in other threads while the block runs are emulated too.
     """
     _build.load_emulated_cuda()
     with _ops.routed_to_emulated_cuda():

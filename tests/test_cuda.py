@@ -51,9 +51,11 @@ EMULATED = Backend("fused_optim_emulated_cuda", torch.device("cpu"), emulated=Tr
 
 @pytest.fixture(params=[pytest.param(GPU, marks=pytest.mark.cuda, id="gpu"), pytest.param(EMULATED, id="emulated")])
 def backend(request) -> Backend:
-    """Each backend (a test may name its own by indirect parametrization)."""
+    """Each backend, its library loaded (a test may name its own by indirect parametrization)."""
     if request.param.emulated:
         _build.load_emulated_cuda()
+    else:
+        _build.load("cuda")  # the op tests call the CUDA ops before any optimizer has loaded them
     return request.param
 
 
