@@ -28,16 +28,14 @@ struct SgdUpdate {
   void operator()(int64_t t, int64_t begin, int64_t end) const {
     using M = opmath_t<T>;
     using V = FVec<T>;
-    const bool has_wd = a.weight_decay[t] != 0.0;
     const SgdRule<V, D> rule{V(static_cast<M>(a.grad_mul[t])),
                              V(static_cast<M>(a.weight_decay[t])),
                              V(static_cast<M>(a.momentum)),
                              V(static_cast<M>(1.0 - a.dampening)),
                              V(static_cast<M>(-a.lr[t])),
-                             V(static_cast<M>(-a.clamp)),
                              V(static_cast<M>(a.clamp)),
-                             has_wd && !a.wd_after_momentum,
-                             has_wd && a.wd_after_momentum,
+                             a.weight_decay[t] != 0.0,
+                             a.wd_after_momentum,
                              a.nesterov,
                              !first_step.empty() && first_step[t]};
     T* p = ptr<T>(params[t]);

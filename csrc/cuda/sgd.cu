@@ -43,16 +43,14 @@ struct SgdFunctor {
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
     const TensorNumbers n = tensor_numbers(a, chunk.tensor);
-    const bool has_wd = n.wd != 0.0;
     const SgdRule<M, D> rule{static_cast<M>(n.grad_mul),
                              static_cast<M>(n.wd),
                              static_cast<M>(a.momentum),
                              static_cast<M>(1.0 - a.dampening),
                              static_cast<M>(-n.lr),
-                             static_cast<M>(-a.clamp),
                              static_cast<M>(a.clamp),
-                             has_wd && !a.wd_after_momentum,
-                             has_wd && a.wd_after_momentum,
+                             n.wd != 0.0,
+                             a.wd_after_momentum,
                              a.nesterov,
                              a.first_step};
     for_each_element<T, kDepth, kMutable>(meta, chunk, [&](M (&x)[kDepth]) {

@@ -23,13 +23,15 @@ enum class SgdDirection { kPlain, kSign, kClamp };
 template <typename V, SgdDirection D>
 struct SgdRule {
   V grad_mul, wd, momentum, one_minus_dampening, neg_lr;
-  V lo, hi;  // kClamp: -c, c
-  bool wd_before, wd_after, nesterov, first_step;
+  V bound;  // kClamp: c
+  // has_wd: wd != 0. GCC unswitches the CPU loops on these four flags; with a flag per decay term
+  // (before / after momentum) it kept a test inside them.
+  bool has_wd, wd_after_momentum, nesterov, first_step;
 
   // Without momentum.
   FUSED_OPTIM_HD void apply(V& p, const V& g) const {
     V d = decayed(p, g);
-    if (wd_after) d = mul_add(wd, p, d);
+    if (has_wd && wd_after_momentum) d = mul_add(wd, p, d);
     p = mul_add(neg_lr, step_of(d), p);
   }
 
@@ -38,15 +40,15 @@ struct SgdRule {
     V d = decayed(p, g);
     buf = first_step ? d : mul_add(momentum, buf, one_minus_dampening * d);
     d = nesterov ? mul_add(momentum, buf, d) : buf;
-    if (wd_after) d = mul_add(wd, p, d);
+    if (has_wd && wd_after_momentum) d = mul_add(wd, p, d);
     p = mul_add(neg_lr, step_of(d), p);
   }
 
  private:
   FUSED_OPTIM_HD V decayed(const V& p, const V& g) const {
     V d = g * grad_mul;
-    if (wd_before) d = mul_add(wd, p, d);
-    if constexpr (D == SgdDirection::kClamp) d = clamp_of(d, lo, hi);
+    if (has_wd && !wd_after_momentum) d = mul_add(wd, p, d);
+    if constexpr (D == SgdDirection::kClamp) d = clamp_of(d, V(0) - bound, bound);
     return d;
   }
 
