@@ -1,13 +1,15 @@
 # The two commands of this repo: `make test` and `make demo`. Each creates .venv if missing,
 # installs torch 2.13.0 first (the local CPU wheel; a bare `torch` would pull CUDA packages), then
-# this package non-editable with all extras, then runs.
+# this package non-editable with all extras, then runs. `make check-cuda-build` (below) checks the
+# CUDA library's build in a second venv.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install --quiet --disable-pip-version-check
+PIP_INSTALL := -m pip install --quiet --disable-pip-version-check
+PIP := $(PY) $(PIP_INSTALL)
 
 DEMO_ARGS ?=
 
-.PHONY: test demo install
+.PHONY: test demo install check-cuda-build
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -31,3 +33,24 @@ test: install
 demo: install
 	$(VENV)/bin/fused-optim build
 	$(VENV)/bin/fused-optim demo $(DEMO_ARGS)
+
+# `make check-cuda-build`: the CUDA library built, linked and loaded exactly as the first fused CUDA
+# step builds it, on a machine without a GPU (docs/design.md, "CUDA build check"). Its own venv
+# (.venv-cuda, ~5.5 GB) holds the CUDA build of torch 2.14.1, a second torch version for the CPU
+# tests run there too. Needs nvcc of torch's CUDA major version (13) in CUDA_HOME.
+CUDA_VENV ?= .venv-cuda
+CUDA_HOME ?= /usr/local/cuda
+CUDA_PY := $(CUDA_VENV)/bin/python
+
+$(CUDA_PY):
+	python3 -m venv $(CUDA_VENV)
+
+# The tests: the CUDA build (test_cuda_compile.py, less the per-file nvcc checks `make test` runs
+# with the same nvcc), then the op-level tests and the build cache's fault tests on this torch.
+check-cuda-build: $(CUDA_PY)
+	@test -x "$(CUDA_HOME)/bin/nvcc" || { echo "check-cuda-build: no $(CUDA_HOME)/bin/nvcc: set CUDA_HOME to a CUDA 13 toolkit" >&2; exit 1; }
+	$(CUDA_PY) $(PIP_INSTALL) torch==2.14.1 "setuptools>=64" wheel
+	$(CUDA_PY) $(PIP_INSTALL) --no-build-isolation ".[test]"
+	CUDA_HOME="$(CUDA_HOME)" $(CUDA_VENV)/bin/fused-optim build --cuda
+	CUDA_HOME="$(CUDA_HOME)" $(CUDA_VENV)/bin/pytest -q --durations=10 -k "not compiles_for_every_arch" \
+		tests/test_cuda_compile.py tests/test_ops.py tests/test_build_faults.py

@@ -9,9 +9,12 @@ The update rules are in docs/algorithms.md; the ``fused`` flag and the environme
 """
 
 from . import _ops  # noqa: F401  (defines the op schemas)
+from . import testing  # noqa: F401  (fused_optim.testing.emulated_cuda)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
+from .colossal_adam import CPUAdam, HybridAdam
+from .fp16_optimizer import DynamicLossScaler, FP16Optimizer
 from .lamb import ColossalLamb, FusedLAMB, Lamb
 from .lars import LARS, ColossalLars, Lars
 from .norm import multi_tensor_l2norm, sum_squares_
@@ -26,13 +29,17 @@ __all__ = [
     "Adam",
     "AdamW",
     "AdaScale",
+    "CPUAdam",
     "ColossalLamb",
     "ColossalLars",
+    "DynamicLossScaler",
+    "FP16Optimizer",
     "LARS",
     "FusedAdam",
     "FusedLAMB",
     "FusedOptimizer",
     "FusedSGD",
+    "HybridAdam",
     "Lamb",  # = ColossalLamb (ColossalAI's class name)
     "Lars",  # = ColossalLars
     "SGD",

@@ -5,16 +5,23 @@ compiles ``csrc/cpu/*.cpp`` (:data:`CSRC`, grouped into one translation unit per
 :func:`translation_units`) with ``torch.utils.cpp_extension.load`` into a library that only
 registers op implementations (no pybind); the result is cached under ``TORCH_EXTENSIONS_DIR``.
 The CUDA kernels (``csrc/cuda``: ``*.cu`` plus the binding) are a second library, built by
-``load("cuda")`` — the first fused step on a CUDA tensor — and only when ``torch.cuda.is_available()``.
+``load("cuda")`` — the first fused step on a CUDA tensor — with a CUDA build of torch, for the visible
+GPUs' architectures or ``TORCH_CUDA_ARCH_LIST``. With that list set it needs no GPU: the library is
+compiled, linked and loaded (loading needs no driver), so :func:`check_cuda_build` (``fused-optim
+build --cuda``) proves the CUDA library builds on a machine without a GPU.
+A third, the emulated CUDA library, is the same CUDA sources compiled for the CPU with the host
+compiler and ``csrc/emulation`` first on the include path (:func:`load_emulated_cuda`, on the first
+use of ``fused_optim.testing.emulated_cuda``); its ops take CPU tensors.
 
 Cache key. The extension name, and with it the build directory, carries a CPU-ISA tag and the
 torch version (CPU; a ``-march=native`` build made on one CPU, or for one torch, is never loaded
-on another), or the torch and CUDA versions (CUDA; cpp_extension compiles for the visible GPUs'
-architectures, or TORCH_CUDA_ARCH_LIST), and a hash of the sources' content, the compiler flags
-and the headers' location (:func:`content_tag`). ninja compiles copies of the sources staged in
-the build directory (:func:`stage_sources`), each rewritten only when its content differs. So a
-reinstall that rewrites identical sources (new mtimes) loads the cached build, editing a source
-builds anew under a new name, and source trees with the same content share one build.
+on another), or the torch and CUDA versions (CUDA), and a hash of the sources' content, the compiler
+flags and the headers' location (:func:`content_tag`); for CUDA, the flags include the GPU
+architectures compiled for (:func:`cuda_archs`), so a build for other GPUs is never loaded. ninja
+compiles copies of the sources staged in the build directory (:func:`stage_sources`), each
+rewritten only when its content differs. So a reinstall that rewrites identical sources (new
+mtimes) loads the cached build, editing a source builds anew under a new name, and source trees
+with the same content share one build.
 
 Integrity. After a successful build and load, a manifest (``MANIFEST``) records the size and
 SHA-256 of each build output (the library and the objects). Before each build or load, every
@@ -26,10 +33,11 @@ reference implementation.
 
 Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` in its
 build directory; the kernel releases it when its holder dies. A process that waits for it longer
-than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. cpp_extension's
-own lock file (``CPP_EXTENSION_LOCK``) is never released by a killed build and would make every
-later process wait forever; found while holding the flock, it can only be such a leftover, so it
-is removed.
+than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. Where
+cpp_extension's own lock file (``CPP_EXTENSION_LOCK``) blocks by existing (a ``FileBaton``, up to
+torch 2.13), a killed build never removes it and every later process would wait forever; found
+while holding the flock, it can only be such a leftover, so it is removed. Newer torch flocks that
+file instead (it stays after every build and blocks nobody once its holder is gone): it is left.
 
 Messages: one line on stderr each when a build starts (what, where, that it is one-time), when
 waiting for another process's build, and when removing a stale lock; a cached load prints
@@ -44,6 +52,7 @@ Environment:
     TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
     FUSED_OPTIM_VERBOSE_BUILD=1  print the compiler commands and output
     TORCH_CUDA_ARCH_LIST         the GPU architectures of the CUDA build (default: the visible GPUs')
+    CUDA_HOME                    the CUDA toolkit (cpp_extension's default: nvcc's grandparent folder)
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ from typing import Callable
 
 import torch
 
-from . import _ops  # noqa: F401  (schemas must exist before the library registers impls)
+from . import _ops  # the schemas must exist before a library registers implementations
 
 
 def sources_root(package: Path) -> Path:
@@ -82,7 +91,7 @@ CUDA_JIT_FLAGS = ["-O3"]  # the JIT build's host and nvcc flags (cpp_extension p
 SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
 MANIFEST = "fused_optim_manifest.json"  # name -> [size, sha256] of each build output
 LOCK = "fused_optim.lock"  # flock'ed while building or loading; holds its owner's pid and host
-CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton: exists while it builds)
+CPP_EXTENSION_LOCK = "lock"  # cpp_extension's lock file (a FileBaton up to torch 2.13, then flock'ed)
 CPUINFO = Path("/proc/cpuinfo")
 QUIET_WAIT_SECONDS = 5.0  # a wait for the build lock shorter than this is not reported
 
@@ -106,6 +115,29 @@ CUDA_ARCHS = ("80", "90")
 NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra", "--threads", "0",
               *(flag for arch in CUDA_ARCHS for flag in ("-gencode", f"arch=compute_{arch},code=sm_{arch}"))]
 CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
+# The architectures of the CUDA build where torch sees no GPU (check_cuda_build): those above.
+CHECK_CUDA_ARCH_LIST = ";".join(f"{arch[:-1]}.{arch[-1]}" for arch in CUDA_ARCHS)
+# The ops binding.cpp registers for the CUDA key (the bucket twins are composite: any device).
+CUDA_OPS = (*_ops.UPDATE_OPS, "l2norm", "sum_squares_")
+
+# The emulated CUDA library: the binding registers the ops of _ops.EMULATED_CUDA for CPU tensors;
+# _FORTIFY_SOURCE's longjmp would refuse the emulation's fiber switches (csrc/emulation/scheduler.h).
+# -march=native: fma() an instruction, and a*b + c contracted to one, as nvcc does by default.
+EMULATION_FLAGS = ["-march=native", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas",
+                   f"-DFUSED_OPTIM_CUDA_LIBRARY={_ops.EMULATED_CUDA}", "-DFUSED_OPTIM_CUDA_KEY=CPU"]
+# Set to e.g. "address,undefined", a build of the emulated CUDA library of its own under those
+# sanitizers (the process must preload their runtime: tests/test_cuda_emulation.py shows how).
+EMULATION_SANITIZERS_ENV = "FUSED_OPTIM_EMULATION_SANITIZERS"
+
+
+def emulation_flags() -> list[str]:
+    """The emulated CUDA library's compile (and link) flags: -O2 and EMULATION_FLAGS, or with the
+    sanitizers the environment asks for (EMULATION_SANITIZERS_ENV) -O0 (such a build compiles
+    five times faster so, and its checks miss nothing)."""
+    sanitizers = os.environ.get(EMULATION_SANITIZERS_ENV, "")
+    if not sanitizers:
+        return ["-O2", *EMULATION_FLAGS]
+    return ["-O0", *EMULATION_FLAGS, f"-fsanitize={sanitizers}", "-fno-omit-frame-pointer"]
 
 
 def cuda_sources() -> list[str]:
@@ -119,10 +151,15 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
     return [nvcc, *NVCC_FLAGS, *COMMON_NVCC_FLAGS, "-c", source, "-o", output]
 
 
+# The folders under CSRC each build reads.
+SOURCE_FOLDERS = {"cpu": ("cpu", "shared"), "cuda": ("cuda", "shared"),
+                  "emulated_cuda": ("cuda", "emulation", "shared")}
+
+
 def source_files(kind: str) -> list[Path]:
-    """The files a build of ``kind`` ("cpu" or "cuda") reads, relative to ``CSRC``: those under
-    ``csrc/<kind>`` and ``csrc/shared``."""
-    return sorted(p.relative_to(CSRC) for folder in (kind, "shared") for p in (CSRC / folder).rglob("*")
+    """The files a build of ``kind`` ("cpu", "cuda" or "emulated_cuda") reads, relative to ``CSRC``:
+    those under its ``SOURCE_FOLDERS``."""
+    return sorted(p.relative_to(CSRC) for folder in SOURCE_FOLDERS[kind] for p in (CSRC / folder).rglob("*")
                   if p.suffix in SOURCE_SUFFIXES)
 
 
@@ -147,9 +184,24 @@ def extension_name() -> str:
     return f"fused_optim_cpu_{isa_tag()}_torch{_torch_version()}_{content_tag('cpu', [*CFLAGS, '|', *LDFLAGS])}"
 
 
+def cuda_archs() -> str:
+    """What cpp_extension chooses the CUDA build's GPU architectures from: TORCH_CUDA_ARCH_LIST, else
+    the visible GPUs' compute capabilities ("" when there is neither: nothing to build for)."""
+    listed = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    if listed and listed != "native":
+        return listed
+    return ";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}))
+
+
 def cuda_extension_name() -> str:
     cuda = (torch.version.cuda or "none").replace(".", "_")
-    return f"fused_optim_cuda_torch{_torch_version()}_cu{cuda}_{content_tag('cuda', CUDA_JIT_FLAGS)}"
+    tag = content_tag("cuda", [*CUDA_JIT_FLAGS, "|", cuda_archs()])
+    return f"fused_optim_cuda_torch{_torch_version()}_cu{cuda}_{tag}"
+
+
+def emulated_cuda_extension_name() -> str:
+    tag = content_tag("emulated_cuda", emulation_flags())
+    return f"fused_optim_emulated_cuda_{isa_tag()}_torch{_torch_version()}_{tag}"
 
 
 def _write_if_changed(path: Path, data: bytes) -> None:
@@ -235,12 +287,31 @@ def _cpu_build_args(directory: Path) -> dict:
 
 def _cuda_build_args(directory: Path) -> dict:
     """Stage the CUDA sources in ``directory``; cpp_extension.load's arguments for them."""
-    if not torch.cuda.is_available():
-        raise RuntimeError("error: torch.cuda.is_available() is False (no GPU, or a CPU-only torch)")
+    if torch.version.cuda is None:
+        raise RuntimeError(f"error: torch {torch.__version__} is not a CUDA build (torch.version.cuda is None)")
+    if not cuda_archs():
+        raise RuntimeError("error: torch.cuda.is_available() is False and TORCH_CUDA_ARCH_LIST is unset: no GPU "
+                           "architecture to build for")
     src = stage_sources("cuda", directory)
     sources = [*sorted(str(p) for p in (src / "cuda").glob("*.cu")), str(src / CUDA_BINDING.relative_to(CSRC))]
     return dict(sources=sources, extra_cflags=list(CUDA_JIT_FLAGS), extra_cuda_cflags=list(CUDA_JIT_FLAGS),
                 with_cuda=True)
+
+
+def _emulated_cuda_build_args(directory: Path) -> dict:
+    """Stage the CUDA sources and the emulation headers in ``directory``; cpp_extension.load's
+    arguments for them: each kernel file as a C++ unit of its own (as nvcc compiles them), the
+    binding, the emulation headers first on the include path."""
+    src = stage_sources("emulated_cuda", directory)
+    units = []
+    for kernel in sorted((src / "cuda").glob("*.cu")):
+        unit = directory / "units" / f"{kernel.stem}.cpp"
+        _write_if_changed(unit, f'#include "{kernel}"\n'.encode())
+        units.append(str(unit))
+    flags = emulation_flags()
+    return dict(sources=[*units, str(src / CUDA_BINDING.relative_to(CSRC))], extra_cflags=flags,
+                extra_ldflags=[f for f in flags if f.startswith("-fsanitize")],
+                extra_include_paths=[str(src / "emulation")], with_cuda=False)
 
 
 @dataclass
@@ -258,6 +329,7 @@ class _Library:
 
 _CPU = _Library("CPU", extension_name, _cpu_build_args)
 _CUDA = _Library("CUDA", cuda_extension_name, _cuda_build_args)
+_EMULATED_CUDA = _Library("emulated CUDA", emulated_cuda_extension_name, _emulated_cuda_build_args)
 
 
 def load(device_type: str = "cpu") -> None:
@@ -266,6 +338,13 @@ def load(device_type: str = "cpu") -> None:
     _load_library(_CPU)
     if device_type == "cuda":
         _load_library(_CUDA)
+
+
+def load_emulated_cuda() -> None:
+    """Build (or load from cache) the emulated CUDA library, the implementations of the ops of
+    ``torch.ops.fused_optim_emulated_cuda``; raise :class:`BuildError` saying how to debug."""
+    _ops.define_emulated_cuda_ops()
+    _load_library(_EMULATED_CUDA)
 
 
 def _load_library(lib: _Library) -> None:
@@ -351,10 +430,19 @@ def _lock_exclusively(fd: int, what: str) -> None:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
 
 
+def cpp_extension_lock_blocks() -> bool:
+    """Whether cpp_extension's lock file blocks by existing (a ``FileBaton``) rather than being
+    flock'ed (torch >= 2.14; the file then stays after every build)."""
+    from torch.utils import cpp_extension
+
+    return hasattr(cpp_extension, "FileBaton")
+
+
 def _remove_stale_cpp_extension_lock(directory: Path) -> None:
-    """Remove cpp_extension's lock file, which only a killed build leaves while we hold the flock."""
+    """Remove cpp_extension's lock file where it blocks by existing: only a killed build leaves it
+    while we hold the flock."""
     baton = directory / CPP_EXTENSION_LOCK
-    if baton.exists():
+    if cpp_extension_lock_blocks() and baton.exists():
         _say(f"removing the stale lock {baton} left by a build that was killed")
         baton.unlink()
 
@@ -416,6 +504,21 @@ def unusable_directory_message(exc: OSError) -> str:
     return (f"fused_optim cannot use its build cache directory {extensions_root()} ({type(exc).__name__}: {exc}). "
             "Set TORCH_EXTENSIONS_DIR to a writable directory, or pass fused=False to use the pure-PyTorch "
             "implementation instead.")
+
+
+def check_cuda_build() -> list[str]:
+    """Build (or load from cache) the CUDA library as the first fused CUDA step does, and return the
+    ops of :data:`CUDA_OPS` still without a kernel for the CUDA key (none: the build is complete).
+
+    Where torch sees no GPU, the build is for TORCH_CUDA_ARCH_LIST, set to
+    :data:`CHECK_CUDA_ARCH_LIST` when unset (in this process's environment, which cpp_extension
+    reads). Loading resolves every symbol (dlopen with RTLD_NOW) and runs the registrations; no
+    driver is needed for either. Raises :class:`BuildError` as :func:`load` does.
+    """
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", CHECK_CUDA_ARCH_LIST)
+    load("cuda")
+    return [op for op in CUDA_OPS if not torch._C._dispatch_has_kernel_for_dispatch_key(f"fused_optim::{op}", "CUDA")]
 
 
 def is_available(device_type: str = "cpu") -> bool:

@@ -43,9 +43,15 @@ to w (w > 0) they run ``adascale_window_end(counts)``, an op implemented in Pyth
 :mod:`fused_optim.adascale`. It returns the hooks' positions for ``remove_grad_hooks(params, positions)``.
 ``grad_sum_squares_(sums, params, index)`` is ``sum_squares_`` of the ``.grad`` of those params that
 have one (read on the C++ side).
+
+``torch.ops.fused_optim_emulated_cuda`` holds the list ops, ``l2norm`` and ``sum_squares_`` again,
+implemented for CPU tensors by the CUDA binding and kernels compiled for the CPU (see
+``fused_optim.testing.emulated_cuda``); its schemas are defined when that library is first loaded.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -53,6 +59,8 @@ from .specs import SPECS
 
 # The list op's and its bucket twin's schemas, from the op's declaration in specs.py.
 UPDATE_OPS = {name: spec.schemas() for name, spec in SPECS.items()}
+L2NORM_SCHEMA = "(Tensor[] tensors) -> (Tensor, Tensor)"
+SUM_SQUARES_SCHEMA = "(Tensor(a!) sums, Tensor[] tensors, int[] index) -> ()"
 
 _lib = torch.library.Library("fused_optim", "DEF")  # noqa: TOR901 - keeps the definitions alive
 
@@ -67,7 +75,7 @@ for _name, _variants in UPDATE_OPS.items():
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
 _lib.define("bucket_new(Tensor[] tensors, int[] lengths) -> int")
-_lib.define("l2norm(Tensor[] tensors) -> (Tensor, Tensor)")
+_lib.define("l2norm" + L2NORM_SCHEMA)
 
 
 @torch.library.register_fake("fused_optim::l2norm", lib=_lib)
@@ -77,7 +85,7 @@ def _l2norm_fake(tensors):
     return torch.empty((), dtype=dtype, device=device), torch.empty(len(tensors), dtype=dtype, device=device)
 
 
-_lib.define("sum_squares_(Tensor(a!) sums, Tensor[] tensors, int[] index) -> ()")
+_lib.define("sum_squares_" + SUM_SQUARES_SCHEMA)
 torch.library.register_fake("fused_optim::sum_squares_", _fake, lib=_lib)
 _lib.define("bucket_free(int bucket) -> ()")
 _lib.define("grad_norm_hooks(Tensor[] params, int[] index, Tensor(a!) sums, Tensor(b!) counts) -> int[]")
@@ -86,6 +94,45 @@ _lib.define("adascale_window_end(Tensor counts) -> ()")
 _lib.define("grad_sum_squares_(Tensor(a!) sums, Tensor[] params, int[] index) -> ()")
 
 
+# The CUDA binding compiled for the CPU (csrc/emulation) registers its ops, the list ops and the
+# norms, for CPU tensors in a namespace of its own: the real CPU ops are never touched.
+EMULATED_CUDA = "fused_optim_emulated_cuda"
+EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()},
+                     "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
+_emulated_lib: torch.library.Library | None = None
+_emulating = 0  # depth of routed_to_emulated_cuda() blocks
+
+
+def define_emulated_cuda_ops() -> None:
+    """Defines the ops of ``torch.ops.fused_optim_emulated_cuda`` (once), before their library loads."""
+    global _emulated_lib
+    if _emulated_lib is None:
+        lib = torch.library.Library(EMULATED_CUDA, "DEF")  # noqa: TOR901 - kept alive in _emulated_lib
+        for name, schema in EMULATED_CUDA_OPS.items():
+            lib.define(name + schema)
+        _emulated_lib = lib
+
+
+@contextlib.contextmanager
+def routed_to_emulated_cuda():
+    """Inside the block :func:`op` gives the emulated CUDA library's op for the names it has (see
+    ``fused_optim.testing.emulated_cuda``, which loads that library first)."""
+    global _emulating
+    _emulating += 1
+    try:
+        yield
+    finally:
+        _emulating -= 1
+
+
+def emulating_cuda() -> bool:
+    return _emulating > 0
+
+
 def op(name: str):
-    """The registered op ``torch.ops.fused_optim.<name>`` (its CPU kernel needs the JIT build)."""
+    """The registered op ``torch.ops.fused_optim.<name>`` (its CPU kernel needs the JIT build), or
+    inside :func:`routed_to_emulated_cuda` ``torch.ops.fused_optim_emulated_cuda.<name>`` where
+    that library has it."""
+    if _emulating and name in EMULATED_CUDA_OPS:
+        return getattr(getattr(torch.ops, EMULATED_CUDA), name)
     return getattr(torch.ops.fused_optim, name)

@@ -110,11 +110,3 @@ class FusedAdam(FusedOptimizer):
         init_moments(p, state)
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
             state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-
-    def _state_lists(self, group, params, states, fresh) -> tuple:
-        return (
-            [st["exp_avg"] for st in states],
-            [st["exp_avg_sq"] for st in states],
-            [st["max_exp_avg_sq"] for st in states] if group["amsgrad"] else [],
-            [st["step"] for st in states],
-        ), ()

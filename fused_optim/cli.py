@@ -30,18 +30,27 @@ def cmd_info(args) -> int:
 
 
 def cmd_build(args) -> int:
-    """The CPU kernels, and the CUDA kernels too where torch sees a GPU."""
-    kinds = [("CPU", "cpu", _build.extension_name())]
-    if torch.cuda.is_available():
-        kinds.append(("CUDA", "cuda", _build.cuda_extension_name()))
-    for label, device_type, name in kinds:
+    """The CPU kernels, and the CUDA kernels too where torch sees a GPU or with ``--cuda`` (then
+    checked to register every CUDA op; see ``_build.check_cuda_build``)."""
+    start = time.perf_counter()
+    try:
+        _build.load("cpu")
+        print(f"CPU kernels ready in {time.perf_counter() - start:.1f} s ({_build.build_directory()})")
+        if not (args.cuda or torch.cuda.is_available()):
+            return 0
         start = time.perf_counter()
-        try:
-            _build.load(device_type)
-        except _build.BuildError as exc:
-            print(exc, file=sys.stderr)
-            return 1
-        print(f"{label} kernels ready in {time.perf_counter() - start:.1f} s ({_build.build_directory(name)})")
+        missing = _build.check_cuda_build()
+    except _build.BuildError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    where = _build.build_directory(_build.cuda_extension_name())
+    if missing:
+        print(f"fused-optim build: error: the CUDA library in {where} registers no CUDA kernel for "
+              f"{', '.join(missing)}: add them to the TORCH_LIBRARY_IMPL(fused_optim, CUDA, m) block of "
+              "csrc/cuda/binding.cpp", file=sys.stderr)
+        return 1
+    print(f"CUDA kernels ready in {time.perf_counter() - start:.1f} s, for architectures {_build.cuda_archs()}, "
+          f"{len(_build.CUDA_OPS)} ops registered for CUDA ({where})")
     return 0
 
 
@@ -80,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-optim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="build status, CPU ISA, threads, CUDA").set_defaults(fn=cmd_info)
-    sub.add_parser("build", help="build (or load from cache) the kernels, with timing").set_defaults(fn=cmd_build)
+    build = sub.add_parser("build", help="build (or load from cache) the kernels, with timing")
+    build.add_argument("--cuda", action="store_true",
+                       help="build the CUDA kernels even where torch sees no GPU (needs a CUDA build of torch and nvcc;"
+                            f" for TORCH_CUDA_ARCH_LIST, default {_build.CHECK_CUDA_ARCH_LIST}) and check that every "
+                            "CUDA op is registered")
+    build.set_defaults(fn=cmd_build)
     bench = sub.add_parser("bench", help="ours vs torch.optim, interleaved; writes JSON + markdown")
     bench.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="cpu (default), or cuda: the GPU benchmark, timed with CUDA events")

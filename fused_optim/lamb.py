@@ -24,10 +24,6 @@ class _LambBase(FusedOptimizer):
     def _init_state(self, p, state, group) -> None:
         init_moments(p, state)
 
-    def _state_lists(self, group, params, states, fresh) -> tuple:
-        return ([st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
-                [st["step"] for st in states]), ()
-
 
 class FusedLAMB(_LambBase):
     r"""apex/ColossalAI ``FusedLAMB``: their signature and defaults (also timm ``Lamb``'s options).

@@ -8,7 +8,7 @@ An algorithm subclass declares data and small hooks:
 * ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
   ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
-  i.e. this is its first step);
+  i.e. this is its first step); its op's spec makes them (an algorithm need not write it);
 * ``_scalars(group)``: the op's keyword scalars, built from the group as the op's declaration in
   :mod:`.specs` maps them (an algorithm need not write it);
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off);
@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from . import _build, _ops
+from .spec import OpSpec
 from .specs import SPECS
 
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -239,6 +240,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
     _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
     _reference_update: ClassVar[Callable]  # the op's pure-PyTorch implementation: from the op's spec
+    _spec: ClassVar[OpSpec]  # the op's declaration (specs.py)
     # The group's boolean options, checked by check_flag: the op's boolean scalars read from the
     # group (from its spec) and ``extra_flags``, those that are not (or are computed) op scalars.
     extra_flags: ClassVar[tuple[str, ...]] = ()
@@ -252,7 +254,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if cls.op_name not in SPECS:
                 raise TypeError(f"{cls.__name__}.op_name = {cls.op_name!r} has no OpSpec; declare the op in "
                                 "fused_optim/specs.py")
-            spec = SPECS[cls.op_name]
+            spec = cls._spec = SPECS[cls.op_name]
             cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
             cls._flags = (*spec.group_flags(), *cls.extra_flags)
             cls._reference_update = staticmethod(spec.reference)
@@ -280,7 +282,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         """Raises for a loaded param state the algorithm cannot continue from (nothing is loaded)."""
 
     def _state_lists(self, group: dict, params: list[Tensor], states: list[dict], fresh: list[bool]) -> tuple:
-        raise NotImplementedError
+        return self._spec.lists(group, states, fresh)
 
     def _scalars(self, group: dict) -> dict:
         """The op's keyword scalars: each a group value, or computed by its spec's function (one
@@ -424,7 +426,17 @@ class FusedOptimizer(torch.optim.Optimizer):
             return False
 
     def _step_twin(self, bucket: _Bucket, scalars: dict, amp: dict) -> bool:
-        """The bucket's eager kernel call; False (nothing changed) when a param has no grad."""
+        """The bucket's eager kernel call; False (nothing changed) when a param has no grad.
+
+        Under ``fused_optim.testing.emulated_cuda()`` this does what the twin does for CUDA params
+        (read the grads, call the list op: ``run_on_device`` in csrc/cpu/bucket.h) with the emulated
+        CUDA library's list op: the twin itself would run the CPU kernels on these CPU tensors."""
+        if _ops.emulating_cuda():
+            grads = [p.grad for p in bucket.params]
+            if any(g is None for g in grads):
+                return False
+            _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+            return True
         return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
 
     def _cached_plan(self, group: dict) -> _Plan | None:

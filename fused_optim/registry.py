@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .adam import FusedAdam
+from .colossal_adam import CPUAdam, HybridAdam
 from .lamb import ColossalLamb, FusedLAMB
 from .lars import LARS, ColossalLars
 from .sgd import FusedSGD
@@ -66,6 +67,8 @@ for _spec in (
     OptimizerSpec("adam", Adam, {}, "torch.optim.Adam: its signature and defaults (L2 weight decay)"),
     OptimizerSpec("adamw", AdamW, {}, "torch.optim.AdamW: its signature and defaults (weight_decay=1e-2)"),
     OptimizerSpec("fused_adam", FusedAdam, {}, "apex/ColossalAI FusedAdam (AdamW by default)"),
+    OptimizerSpec("cpu_adam", CPUAdam, {}, "ColossalAI CPUAdam (AdamW by default; state offload to files)"),
+    OptimizerSpec("hybrid_adam", HybridAdam, {}, "ColossalAI HybridAdam (CPU and CUDA params in one optimizer)"),
     OptimizerSpec("lamb", FusedLAMB, {}, "LAMB as apex/ColossalAI FusedLAMB and timm Lamb"),
     OptimizerSpec("fused_lamb", FusedLAMB, {}, "apex/ColossalAI FusedLAMB"),
     OptimizerSpec("nvlamb", FusedLAMB, {"use_nvlamb": True}, "LAMB with the trust ratio on every tensor"),

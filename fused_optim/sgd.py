@@ -31,12 +31,6 @@ class MomentumOptimizer(FusedOptimizer):
         if group["momentum"] != 0 and state.get("momentum_buffer") is None:
             state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
 
-    def _state_lists(self, group, params, states, fresh) -> tuple:
-        if group["momentum"] == 0:
-            return ([],), ([],)
-        # first_step may be empty when no param is on its first step (one list less to pass).
-        return ([st["momentum_buffer"] for st in states],), (fresh if any(fresh) else [],)
-
 
 class FusedSGD(MomentumOptimizer):
     r"""apex/ColossalAI ``FusedSGD``: their signature and defaults (``lr`` required,

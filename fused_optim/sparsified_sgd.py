@@ -77,9 +77,6 @@ class SparsifiedSGD(FusedOptimizer):
         if "memory" not in state:
             state["memory"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
 
-    def _state_lists(self, group, params, states, fresh) -> tuple:
-        return ([st["memory"] for st in states],), ()
-
     @torch.no_grad()
     def update_estimated_weights(self, iteration: int, sparse_vector_size: int | None = None) -> None:
         """Fold the current params into the estimated weights with weight ρ_iteration (above);

@@ -5,8 +5,10 @@ An update op takes ``(params, grads, <state lists>, <per-step lists>, *, <scalar
 (see :mod:`._ops`). Its spec says, once:
 
 * the state lists: the op's argument name and the torch.optim state name each element comes from
-  (``momentum_buffers`` holds each param's ``state["momentum_buffer"]``);
-* the per-step lists (schema type and name, e.g. ``bool[] first_step``);
+  (``momentum_buffers`` holds each param's ``state["momentum_buffer"]``), and the group option
+  without which the list is passed empty (``momentum``: SGD keeps no buffer without momentum);
+* the per-step lists (schema type and name): ``bool[] first_step`` is the only kind, one flag per
+  param, True on its first step;
 * the keyword scalars: schema type, optional schema default, and where an optimizer takes the
   value from: a group key (``"lr"``), or a function ``(optimizer, group) -> value`` for a
   computed one (Adam's ``beta1`` is ``group["betas"][0]``, LAMB's ``global_grad_norm`` the
@@ -33,6 +35,13 @@ class StateList:
     name: str
     state_key: str
     sample: str = "any"
+    when: str | None = None  # a group key: the list is passed empty when the group's value is falsy
+
+    def of(self, group: dict, states: list[dict]) -> list:
+        """The list an optimizer passes for the params of ``states`` in ``group``."""
+        if self.when is not None and not group[self.when]:
+            return []
+        return [st[self.state_key] for st in states]
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,19 @@ class OpSpec:
             "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
             "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
         }
+
+    def lists(self, group: dict, states: list[dict], fresh: list[bool]) -> tuple[tuple, tuple]:
+        """``(state lists, per-step lists)``: the op's arguments after params and grads for the
+        params of ``states`` in ``group`` (``fresh[i]``: param i is on its first step). A
+        ``first_step`` list is empty when no param is on its first step (one list less to pass),
+        or when the op's first state list (the buffers it would set) is not passed."""
+        state = tuple(s.of(group, states) for s in self.state)
+        per_step = []
+        for kind, name in self.per_step:
+            if (kind, name) != ("bool[]", "first_step"):
+                raise ValueError(f"OpSpec {self.name}: unknown per-step list {kind} {name}")
+            per_step.append(list(fresh) if any(fresh) and state[0] else [])
+        return state, tuple(per_step)
 
     def group_scalars(self) -> tuple[tuple[str, str], ...]:
         """``(scalar name, group key)`` of the scalars read from the group as they are."""

@@ -15,7 +15,7 @@ from .spec import OpSpec, Scalar, StateList
 
 _INT64_MAX = 2**63 - 1
 
-_MOMENTUM = (StateList("momentum_buffers", "momentum_buffer"),)
+_MOMENTUM = (StateList("momentum_buffers", "momentum_buffer", when="momentum"),)
 _FIRST_STEP = (("bool[]", "first_step"),)
 _MOMENTS = (StateList("exp_avgs", "exp_avg"), StateList("exp_avg_sqs", "exp_avg_sq", "nonnegative"))
 _STEPS = (StateList("steps", "step", "counter"),)
@@ -83,7 +83,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
         lambda: dict(generator=torch.Generator().manual_seed(0)),
     ),
     OpSpec(
-        "adam_", (*_MOMENTS, StateList("max_exp_avg_sqs", "max_exp_avg_sq", "nonnegative"), *_STEPS), (),
+        "adam_", (*_MOMENTS, StateList("max_exp_avg_sqs", "max_exp_avg_sq", "nonnegative", when="amsgrad"), *_STEPS), (),
         (_float("lr"), _beta(0, as_float=True), _beta(1, as_float=True), _float("eps"), _float("weight_decay"),
          _bool("amsgrad"), Scalar("decoupled", "bool", "decoupled_weight_decay"), _bool("maximize"),
          Scalar("bias_correction", "bool", "bias_correction", "True")),

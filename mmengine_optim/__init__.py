@@ -11,13 +11,14 @@ Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mme
 ``python -m mmengine_optim.train CONFIG``.
 """
 
+from .colossalai_wrapper import ColossalAIOptimWrapper
 from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
 from .optimizers import register_optimizers
 from .registry import HOOKS, OPTIM_WRAPPERS, OPTIMIZERS, register
 
-for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapper)),
+for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapper, ColossalAIOptimWrapper)),
                          (HOOKS, (UpdateParamSchedulerHook, WeightsOnlyCheckpointHook))):
     for _obj in _objs:
         register(_registry, _obj)
@@ -25,6 +26,7 @@ register_optimizers()
 
 __all__ = [
     "AdaScaleOptimWrapper",
+    "ColossalAIOptimWrapper",
     "FusedOptimWrapper",
     "HOOKS",
     "LossScaler",

@@ -12,6 +12,8 @@ What it adds to mmengine 0.10's Runner:
 * DDP without CUDA (``--launcher pytorch`` on CPU): the gloo process group is initialised before
   the Runner (mmengine's ``init_dist`` calls ``torch.cuda.set_device``) and the model wrapper is
   built without ``device_ids`` (mmengine passes ``[LOCAL_RANK]``, which a CPU module refuses).
+* A DDP rank destroys its process group once training is over on every rank, before its Python
+  exits (:func:`fused_optim.process_group.end_process_group`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
+
+from fused_optim.process_group import end_process_group, init_process_group
 
 from .hooks import WeightsOnlyCheckpointHook  # importing the package registers the scope
 
@@ -77,7 +81,7 @@ def prepare_cpu_ddp(cfg: Config) -> None:
         cfg.model_wrapper_cfg = dict(type="MMDistributedDataParallel", device_ids=None, broadcast_buffers=False,
                                      find_unused_parameters=cfg.get("find_unused_parameters", False))
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        init_process_group("gloo")
 
 
 def main(argv: list[str] | None = None) -> Runner:
@@ -91,3 +95,4 @@ def main(argv: list[str] | None = None) -> Runner:
 
 if __name__ == "__main__":
     main()
+    end_process_group()  # a DDP rank's gloo threads end before Python does (see fused_optim.process_group)

@@ -88,17 +88,16 @@ def train_lockstep(two_groups: bool, micros, accum: int) -> dict:
 def ddp_main(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=1200))
-    try:
-        assert dist.get_world_size() == 2 and dist.get_rank() == rank
-        torch.set_default_dtype(torch.float64)  # fairscale's micro-batch sums take the default dtype
-        micros = (2 * rank, 2 * rank + 1)
-        results = {two_groups: train_lockstep(two_groups, micros, 2) for two_groups in (False, True)}
-        torch.save({"world_size": dist.get_world_size(), "rank": rank, "results": results}, out)
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    from fused_optim.process_group import end_process_group, init_process_group
+
+    init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                       timeout=timedelta(seconds=1200))
+    assert dist.get_world_size() == 2 and dist.get_rank() == rank
+    torch.set_default_dtype(torch.float64)  # fairscale's micro-batch sums take the default dtype
+    micros = (2 * rank, 2 * rank + 1)
+    results = {two_groups: train_lockstep(two_groups, micros, 2) for two_groups in (False, True)}
+    torch.save({"world_size": dist.get_world_size(), "rank": rank, "results": results}, out)
+    end_process_group()  # its gloo threads end before this process's Python does
 
 
 # ---- save mid-window / resume in a fresh process ---------------------------------------------------

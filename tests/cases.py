@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from dataclasses import dataclass, field
 
 import torch
 
 import fused_optim
+from fused_optim.registry import get_spec, list_optimizers
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,17 @@ def _adam_cases() -> list[Case]:
     return cases
 
 
+def _colossalai_adam_cases() -> list[Case]:
+    """ColossalAI's CPUAdam / HybridAdam (adamw_mode: AdamW, else Adam with L2) == torch.optim."""
+    cases = []
+    for cls, adamw_mode in itertools.product((fused_optim.CPUAdam, fused_optim.HybridAdam), (True, False)):
+        kw = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1)
+        cid = f"{cls.__name__}-adamw_mode{int(adamw_mode)}"
+        cases.append(Case(cid, cls, {**kw, "adamw_mode": adamw_mode},
+                          torch.optim.AdamW if adamw_mode else torch.optim.Adam, kw))
+    return cases
+
+
 def _layerwise_cases() -> list[Case]:
     """The layer-wise, sign and sparsified optimizers, each checked against our own reference implementation
     (fused=False; the published references are replayed from golden files in test_golden.py)."""
@@ -78,7 +91,7 @@ def _layerwise_cases() -> list[Case]:
 
 SGD_CASES = _sgd_cases()
 ADAM_CASES = _adam_cases()
-ALL_CASES = SGD_CASES + ADAM_CASES
+ALL_CASES = SGD_CASES + ADAM_CASES + _colossalai_adam_cases()
 # A smaller set that still covers every state tensor of both algorithms.
 STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
     "sgd-m0.9-d0.3-nest0-wd0.05-max0", "sgd-m0.9-d0.0-nest1-wd0.05-max0",
@@ -87,6 +100,23 @@ STATEFUL_CASES = [c for c in ALL_CASES if c.id in (
 
 
 LAYERWISE_CASES = _layerwise_cases()
+
+
+def _registry_cases() -> list[Case]:
+    """Every registry entry as it is created by name (its defaults, lr=0.01), against our reference:
+    a newly registered optimizer is compared without being listed here. One that draws random
+    numbers (takes a ``seed``) gets the same seed on both sides."""
+    cases = []
+    for name in list_optimizers():
+        entry = get_spec(name)
+        kw = {**entry.defaults, "lr": 0.01}
+        if "seed" in inspect.signature(entry.cls).parameters:
+            kw["seed"] = 0
+        cases.append(Case(f"registry-{name}", entry.cls, kw, entry.cls, {**kw, "fused": False}))
+    return cases
+
+
+REGISTRY_CASES = _registry_cases()
 # Every algorithm's state, for tests that need no torch.optim counterpart (make_torch is then our
 # reference implementation).
 STATEFUL_AND_LAYERWISE = STATEFUL_CASES + LAYERWISE_CASES

@@ -1,4 +1,5 @@
-"""FusedSGD == torch.optim.SGD and FusedAdam == torch.optim.Adam/AdamW, every option combination."""
+"""FusedSGD == torch.optim.SGD and FusedAdam (and ColossalAI's CPUAdam / HybridAdam) == torch.optim.Adam/AdamW,
+every option combination."""
 
 import pytest
 import torch

@@ -1,30 +1,77 @@
-"""The CUDA kernels on a GPU (every test is marked ``cuda``; without a GPU they skip with the
-reason, and tests/test_cuda_compile.py still compiles the CUDA code): CUDA kernel == reference ==
-CPU kernel for every op, in fp32, bf16 and fp16, on odd sizes, more tensors and chunks than one
-launch holds and misaligned storage offsets; the overflow skip on the device; GradScaler end to
-end; a state_dict moving between CPU and CUDA; a step captured and replayed in a CUDA graph; a param
-list spanning CPU and CUDA; and AdaScale's C++ gradient hooks on CUDA params."""
+"""The CUDA code, on a GPU (tests marked ``cuda``: without one they skip with the reason) and
+emulated on the CPU (``fused_optim.testing.emulated_cuda``: the same binding, launcher and
+kernels compiled for the host, every block run with its real threads; runs everywhere).
 
+On both backends: CUDA kernel == reference == CPU kernel for every op, in fp32, fp64, bf16 and
+fp16, on odd sizes (1, 33, 4097, a chunk boundary ± 1), more tensors and chunks than one launch
+holds and misaligned storage offsets; fp16/bf16 stores rounded as torch rounds; the overflow skip
+(step counters included); the norms; every registered optimizer's trajectory. On a GPU only:
+GradScaler end to end; a state_dict moving between CPU and CUDA; a step captured and replayed in a
+CUDA graph; a param list spanning CPU and CUDA; AdaScale's C++ gradient hooks on CUDA params
+(tests/test_cuda_compile.py compiles the CUDA code wherever nvcc is; tests/test_cuda_emulation.py
+checks the emulation itself)."""
+
+import contextlib
 import copy
+import inspect
+from dataclasses import dataclass
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fused_optim
-from fused_optim import _reference
-from test_ops import SCALARS, sample_args, same_draws
+from fused_optim import _build, _reference
+from fused_optim.registry import create_optimizer, get_spec, list_optimizers
+from test_ops import SCALARS, assert_stores_round_like_torch, sample_args, same_draws
+from utils import assert_state_close, clone_groups, make_groups, set_grads
 
-pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda")
 
+
+@dataclass(frozen=True)
+class Backend:
+    """Where the CUDA code runs: its ops' namespace, the device of their tensors, and the context
+    the optimizers and norms reach it in."""
+
+    namespace: str
+    device: torch.device
+    emulated: bool
+
+    def op(self, name: str):
+        return getattr(getattr(torch.ops, self.namespace), name)
+
+    def context(self):
+        return fused_optim.testing.emulated_cuda() if self.emulated else contextlib.nullcontext()
+
+
+GPU = Backend("fused_optim", CUDA, emulated=False)
+EMULATED = Backend("fused_optim_emulated_cuda", torch.device("cpu"), emulated=True)
+
+
+@pytest.fixture(params=[pytest.param(GPU, marks=pytest.mark.cuda, id="gpu"), pytest.param(EMULATED, id="emulated")])
+def backend(request) -> Backend:
+    """Each backend, its library loaded (a test may name its own by indirect parametrization)."""
+    if request.param.emulated:
+        _build.load_emulated_cuda()
+    else:
+        _build.load("cuda")  # the op tests call the CUDA ops before any optimizer has loaded them
+    return request.param
+
+
 # Per dtype: (rtol, atol) between two implementations of one update (ulps of the storage type:
-# fused multiply-adds and sum orders differ; results are rounded to the storage type once).
-TOLERANCE = {torch.float32: (2e-5, 1e-6), torch.bfloat16: (1.6e-2, 1e-3), torch.float16: (2e-3, 1e-4)}
+# fused multiply-adds and sum orders differ; results are rounded to the storage type once). fp64:
+# the math is fp64 in both, a few ulps over the update's ~20 operations.
+TOLERANCE = {torch.float32: (2e-5, 1e-6), torch.float64: (1e-12, 1e-14), torch.bfloat16: (1.6e-2, 1e-3),
+             torch.float16: (2e-3, 1e-4)}
+# Empty, 1, 33, 4097 and a 64K-element chunk boundary ± 1 (65537 is two chunks, one of 1 element).
+SIZES = (0, 1, 33, 4097, 65535, 65537)
 
 
 def _to(args, device, offset=False):
-    """The op's arguments on ``device``; with ``offset`` every tensor starts one element into its
-    storage (contiguous, but not 16-byte aligned: the kernels' scalar path)."""
+    """A copy of the op's arguments on ``device`` (a copy on the CPU too: the implementations under
+    test update their own); with ``offset`` every tensor starts one element into its storage
+    (contiguous, but not 16-byte aligned: the kernels' scalar path)."""
     def move(x):
         if not isinstance(x, torch.Tensor):
             return x
@@ -32,7 +79,7 @@ def _to(args, device, offset=False):
             buf = torch.empty(x.numel() + 1, dtype=x.dtype, device=device)
             buf[1:].copy_(x)
             return buf[1:]
-        return x.to(device)
+        return x.to(device, copy=True)
     return tuple([move(x) for x in a] if isinstance(a, list) else move(a) for a in args)
 
 
@@ -41,31 +88,76 @@ def _kwargs_on(kwargs, device):
 
 
 def _assert_same(a_args, b_args, dtype, what):
+    """|a - b| <= atol + rtol*|b| for every element of every tensor argument (TOLERANCE; NaN never
+    passes), in fp32 (exact for fp16/bf16) or fp64."""
     rtol, atol = TOLERANCE[dtype]
-    for a, b in zip(a_args, b_args):
-        for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
-            if isinstance(x, torch.Tensor):
-                torch.testing.assert_close(x.cpu().double(), y.cpu().double(), rtol=rtol, atol=atol, msg=what)
+    for k, (a, b) in enumerate(zip(a_args, b_args)):
+        for t, (x, y) in enumerate(zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b])):
+            if not isinstance(x, torch.Tensor):
+                continue
+            x, y = (v.cpu().to(torch.promote_types(v.dtype, torch.float32)) for v in (x, y))
+            bad = (~((x - y).abs() <= atol + rtol * y.abs())).nonzero()
+            if len(bad):
+                i = tuple(bad[0].tolist())
+                raise AssertionError(f"{what}: argument {k}, tensor {t}: {len(bad)} of {x.numel()} elements differ, "
+                                     f"at {i}: {x[i].item()!r} vs {y[i].item()!r} (rtol {rtol}, atol {atol})")
+
+
+def _sign_ties(args, ref_args) -> list[torch.Tensor]:
+    """Per param of a sign_sgd_ call, where its direction (the new momentum buffer, here in the
+    reference's result) is within fp32 rounding of 0: the sign of cancelling terms (exactly 0 is
+    common with bf16/fp16 inputs) is rounding's choice, so two correct implementations (fused
+    multiply-adds or not) may step such an element by ±lr or 0. Rounding error: a few fp32 ulps of
+    the terms' size, bounded by |p| + |g| + |old buffer|."""
+    params, grads, bufs = args[:3]
+    eps = torch.finfo(torch.float32).eps
+    return [b.cpu().float().abs() <= 8 * eps * (p.float().abs() + g.float().abs() + old.float().abs())
+            for b, p, g, old in zip(ref_args[2], params, grads, bufs)]
 
 
 @pytest.mark.parametrize("offset", [False, True], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
+                         ids=["fp32", "fp64", "bf16", "fp16"])
 @pytest.mark.parametrize("op", list(SCALARS))
-def test_cuda_kernel_equals_reference_and_cpu_kernel(op, dtype, offset):
-    args, kwargs = sample_args(op, dtype, amp=True)
+def test_cuda_kernel_equals_reference_and_cpu_kernel(backend, op, dtype, offset):
+    args, kwargs = sample_args(op, dtype, amp=True, sizes=SIZES)
     cpu_args = _to(args, "cpu")
-    cuda_args = _to(args, CUDA, offset)
-    ref_args = _to(args, CUDA)
+    cuda_args = _to(args, backend.device, offset)
+    ref_args = _to(args, backend.device)
     getattr(torch.ops.fused_optim, op)(*cpu_args, **same_draws(kwargs))
-    getattr(torch.ops.fused_optim, op)(*cuda_args, **_kwargs_on(kwargs, CUDA))
-    getattr(_reference, op)(*ref_args, **_kwargs_on(kwargs, CUDA))
-    assert cuda_args[0][1].is_cuda
+    backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
+    getattr(_reference, op)(*ref_args, **_kwargs_on(kwargs, backend.device))
+    assert cuda_args[0][1].device.type == backend.device.type
     _assert_same(cuda_args, cpu_args, dtype, f"{op}: CUDA vs CPU kernel")
+    if op == "sign_sgd_":
+        for p, r, tie in zip(cuda_args[0], ref_args[0], _sign_ties(args, ref_args)):
+            r[tie.to(r.device)] = p[tie.to(p.device)]  # left out of the comparison
     _assert_same(cuda_args, ref_args, dtype, f"{op}: CUDA kernel vs reference")
 
 
-@pytest.mark.parametrize("op", ["sgd_", "adam_", "lamb_", "lars_"])
-def test_more_tensors_and_chunks_than_one_launch_holds(op):
+def test_lamb_clips_by_the_norm_of_its_own_grads(backend):
+    """Without global_grad_norm, lamb_ clips with the norm of the grads it was given (the
+    binding's sum over all chunks of all tensors as one): max_grad_norm below that norm clips."""
+    args, kwargs = sample_args("lamb_", torch.float32, amp=True, sizes=SIZES)
+    kwargs.update(global_grad_norm=None, max_grad_norm=10.0)
+    cpu_args, cuda_args = _to(args, "cpu"), _to(args, backend.device)
+    torch.ops.fused_optim.lamb_(*cpu_args, **kwargs)
+    backend.op("lamb_")(*cuda_args, **_kwargs_on(kwargs, backend.device))
+    assert torch.cat(args[1]).norm() / 8.0 > 10.0  # grads over grad_scale: this call clips
+    _assert_same(cuda_args, cpu_args, torch.float32, "lamb_ clipping by its own grads' norm")
+
+
+@pytest.mark.parametrize("lr", [1e-10, 0.3, 1.0, 3e5])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fp16_and_bf16_stores_round_like_torch(backend, dtype, lr):
+    assert_stores_round_like_torch(backend.op("sgd_"), dtype, lr, backend.device)
+
+
+@pytest.mark.parametrize("backend, op", [
+    *(pytest.param(GPU, op, marks=pytest.mark.cuda, id=f"gpu-{op}") for op in ("sgd_", "adam_", "lamb_", "lars_")),
+    # emulated, the slowest test: the launcher alone, and with per-tensor sums and step counters
+    *(pytest.param(EMULATED, op, id=f"emulated-{op}") for op in ("sgd_", "lamb_"))], indirect=["backend"])
+def test_more_tensors_and_chunks_than_one_launch_holds(backend, op):
     """200 odd-sized tensors (a launch holds at most 96) and one of 320 * 65536 + 5 elements (a
     launch holds 320 chunks), with a Tensor lr on the device."""
     g = torch.Generator().manual_seed(0)
@@ -79,41 +171,91 @@ def test_more_tensors_and_chunks_than_one_launch_holds(op):
             new.append([False] * len(sizes))
         elif lst[0].dim() == 0:  # step counters
             new.append([torch.tensor(3.0) for _ in sizes])
-        else:
-            new.append([torch.randn(n, generator=g).abs_() for n in sizes])
+        else:  # in [0.5, 1.5): valid second moments too
+            new.append([torch.rand(n, generator=g).add_(0.5) for n in sizes])
     args = tuple(new)
     kwargs["lr_tensor"] = torch.tensor(kwargs["lr"])
-    cpu_args, cuda_args = _to(args, "cpu"), _to(args, CUDA)
+    cpu_args, cuda_args = _to(args, "cpu"), _to(args, backend.device)
     getattr(torch.ops.fused_optim, op)(*cpu_args, **same_draws(kwargs))
-    getattr(torch.ops.fused_optim, op)(*cuda_args, **_kwargs_on(kwargs, CUDA))
+    backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
     _assert_same(cuda_args, cpu_args, torch.float32, f"{op} over {len(sizes)} tensors")
 
 
 @pytest.mark.parametrize("op", list(SCALARS))
-def test_found_inf_on_the_device_changes_nothing(op):
+def test_found_inf_on_the_device_changes_nothing(backend, op):
     args, kwargs = sample_args(op, torch.float32, amp=True)
     kwargs["found_inf"] = torch.tensor(1.0)
-    cuda_args = _to(args, CUDA)
+    cuda_args = _to(args, backend.device)
     before = copy.deepcopy(cuda_args)
-    getattr(torch.ops.fused_optim, op)(*cuda_args, **_kwargs_on(kwargs, CUDA))
+    backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
     for a, b in zip(cuda_args, before):
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):
                 assert torch.equal(x, y), op
 
 
-def test_l2norm_and_sum_squares_on_cuda_match_cpu_for_mixed_dtypes():
+def test_l2norm_and_sum_squares_on_cuda_match_cpu_for_mixed_dtypes(backend):
     tensors = [torch.randn(n).to(dt) for n, dt in [(1, torch.float32), (70000, torch.bfloat16), (33, torch.float16),
                                                   (140000, torch.float32)]]
     g_cpu, per_cpu = fused_optim.multi_tensor_l2norm(tensors, per_tensor=True, fused=True)
-    g_cuda, per_cuda = fused_optim.multi_tensor_l2norm([t.cuda() for t in tensors], per_tensor=True, fused=True)
-    assert g_cuda.is_cuda and per_cuda.dtype == torch.float32
-    torch.testing.assert_close(per_cuda.cpu(), per_cpu, rtol=1e-6, atol=0)
-    torch.testing.assert_close(g_cuda.cpu(), g_cpu, rtol=1e-6, atol=0)
-    sums_cpu, sums_cuda = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64, device=CUDA)
+    sums_cpu, sums_dev = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64, device=backend.device)
     fused_optim.sum_squares_(sums_cpu, tensors, [0, 0, 1, 1], fused=True)
-    fused_optim.sum_squares_(sums_cuda, [t.cuda() for t in tensors], [0, 0, 1, 1], fused=True)
-    torch.testing.assert_close(sums_cuda.cpu(), sums_cpu, rtol=1e-6, atol=0)
+    on_device = [t.to(backend.device) for t in tensors]
+    with backend.context():
+        g_dev, per_dev = fused_optim.multi_tensor_l2norm(on_device, per_tensor=True, fused=True)
+        fused_optim.sum_squares_(sums_dev, on_device, [0, 0, 1, 1], fused=True)
+    assert g_dev.device.type == backend.device.type and per_dev.dtype == torch.float32
+    torch.testing.assert_close(per_dev.cpu(), per_cpu, rtol=1e-6, atol=0)
+    torch.testing.assert_close(g_dev.cpu(), g_cpu, rtol=1e-6, atol=0)
+    torch.testing.assert_close(sums_dev.cpu(), sums_cpu, rtol=1e-6, atol=0)
+
+
+class _OpsCalled(TorchDispatchMode):
+    """Records the names of the ops called inside it (from Python or from C++)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def _optimizer_kwargs(name: str) -> dict:
+    """Hyperparameters that switch the registered optimizer's math on, for those of its class's
+    constructor that take them (momentum, weight decay: with it LARS and LAMB use trust ratios; a
+    seed: both optimizers then draw the same coordinates)."""
+    accepted = inspect.signature(get_spec(name).cls).parameters
+    wanted = {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01, "seed": 0}
+    return {k: v for k, v in wanted.items() if k in accepted}
+
+
+@pytest.mark.parametrize("name", list_optimizers())
+def test_every_registered_optimizer_steps_on_cuda_like_on_the_cpu(backend, name):
+    """20 steps over three groups (odd shapes, a second group with its own lr, an empty one; a param
+    that never gets a grad, one whose first grad comes at step 5): params and every state tensor
+    after each step equal the CPU kernels'. Tolerance: fp32
+    updates differ in fused multiply-adds and, for the trust ratios, in the norms' summation order
+    (~1 ulp per step); 20 steps accumulate at most ~20 ulps of the tensor's scale."""
+    kwargs = _optimizer_kwargs(name)
+    layout = make_groups(small=12)
+    on_cpu, on_device = clone_groups(layout, kwargs["lr"]), clone_groups(layout, kwargs["lr"])
+    for group in on_device:
+        group["params"] = [torch.nn.Parameter(p.detach().to(backend.device)) for p in group["params"]]
+    ours, theirs = create_optimizer(name, on_device, fused=True, **kwargs), create_optimizer(name, on_cpu, fused=True,
+                                                                                           **kwargs)
+    for step in range(20):
+        set_grads(on_cpu, on_cpu, step)
+        for group_device, group_cpu in zip(on_device, on_cpu):
+            for p, q in zip(group_device["params"], group_cpu["params"]):
+                p.grad = None if q.grad is None else q.grad.to(backend.device, copy=True)
+        with backend.context(), _OpsCalled() as called:
+            ours.step()
+        theirs.step()
+        assert f"{backend.namespace}::{ours.op_name}" in called.names  # the CUDA code ran
+        assert_state_close(ours, theirs, 20 * torch.finfo(torch.float32).eps, f"{name} step {step}")
+    assert ours.implementation == "fused"
 
 
 OPTIMIZERS = [
@@ -129,6 +271,7 @@ def _model(seed=0):
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("ours, torch_opt", OPTIMIZERS, ids=["sgd", "adamw"])
 def test_grad_scaler_end_to_end_matches_torch(ours, torch_opt):
     """fp16 autocast + GradScaler, a step with an overflow included (skipped on the device)."""
@@ -161,6 +304,7 @@ def _train(opt, params, steps, seed):
         opt.step()
 
 
+@pytest.mark.cuda
 def test_state_dict_moves_between_cpu_and_cuda_and_into_torch():
     """Adam state saved on CUDA (step counters on the device) continues on the CPU, in
     torch.optim.AdamW on CUDA, and back on CUDA from a CPU save, exactly as an unbroken run."""
@@ -199,6 +343,7 @@ def test_state_dict_moves_between_cpu_and_cuda_and_into_torch():
     assert opt_back.implementation == "fused" and opt_cpu.implementation == "fused"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("cls, kw", [(fused_optim.FusedSGD, dict(momentum=0.9, weight_decay=1e-4)),
                                      (fused_optim.FusedAdam, dict(weight_decay=1e-2)),
                                      (fused_optim.FusedLAMB, dict(weight_decay=1e-2, max_grad_norm=1.0)),
@@ -246,6 +391,7 @@ def test_step_captured_in_a_cuda_graph_replays_like_eager(cls, kw):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cuda
 def test_a_param_list_spanning_cpu_and_cuda_steps_each_bucket_on_its_device():
     """ColossalAI HybridAdam's layout: offloaded params on the CPU next to GPU params, one group."""
     torch.manual_seed(0)
@@ -264,6 +410,7 @@ def test_a_param_list_spanning_cpu_and_cuda_steps_each_bucket_on_its_device():
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.cuda
 def test_adascale_cpp_hooks_on_cuda_match_the_cpu_run():
     """AdaScale's C++ hooks on CUDA params (sum_squares_ through the dispatcher, from autograd's
     device thread) give the CPU run's statistics, gains and params."""

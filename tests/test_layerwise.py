@@ -1,12 +1,13 @@
 """Kernels == reference on every dtype and the odd shapes (the layer-wise, sign and sparsified
-optimizers; SGD/Adam in fp16/bf16, where torch.optim is no exact oracle), results independent of
-the thread count, and LAMB / LARS edge cases."""
+optimizers; SGD/Adam in fp16/bf16, where torch.optim is no exact oracle; every registry entry as
+created by name, in fp32), results independent of the thread count, and LAMB / LARS edge
+cases."""
 
 import pytest
 import torch
 
 import fused_optim
-from cases import LAYERWISE_CASES, STATEFUL_CASES, ids
+from cases import LAYERWISE_CASES, REGISTRY_CASES, STATEFUL_CASES, ids
 from utils import assert_state_close, set_grads, twin_groups
 
 RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 4 * torch.finfo(torch.bfloat16).eps,
@@ -15,7 +16,8 @@ RTOL = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 4 * torch.fin
 
 DTYPE_IDS = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 PAIRS = [(c, d) for c in LAYERWISE_CASES for d in RTOL] + [
-    (c, d) for c in STATEFUL_CASES for d in (torch.bfloat16, torch.float16)]
+    (c, d) for c in STATEFUL_CASES for d in (torch.bfloat16, torch.float16)] + [
+    (c, torch.float32) for c in REGISTRY_CASES]
 
 
 @pytest.mark.parametrize("case, dtype", PAIRS, ids=[f"{c.id}-{DTYPE_IDS[d]}" for c, d in PAIRS])

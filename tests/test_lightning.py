@@ -17,6 +17,7 @@ import lightning_optim
 from adascale_loops import micro_batch, model_and_groups
 from fused_optim import AdaScale
 from fused_optim.metrics import GAIN, LR, TAU
+from fused_optim.process_group import end_process_group
 
 FAST = dict(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False, num_sanity_val_steps=0)
@@ -89,6 +90,13 @@ class Trace(Callback):
         opt = trainer.optimizers[0]
         if len(self.steps) < trainer.global_step:
             self.steps.append((opt.gain(), opt.scale_invariant_steps, opt.param_groups[0]["lr"]))
+
+
+class EndProcessGroup(Callback):
+    """A spawned rank ends its gloo group before its Python exits (see fused_optim/process_group.py)."""
+
+    def teardown(self, trainer, pl_module, stage):
+        end_process_group()
 
 
 class SpyLogger(Logger):
@@ -392,7 +400,8 @@ def test_ddp_spawn_accumulating_2_equals_one_process_accumulating_4(strategy, tm
         module = DealtRegressor(sgd, items=16)
         trainer = pl.Trainer(max_epochs=-1, devices=devices, accumulate_grad_batches=accum, strategy=strategy,
                              precision="64-true",
-                             use_distributed_sampler=False, callbacks=[lightning_optim.AdaScaleCallback(tau_target=target)],
+                             use_distributed_sampler=False,
+                             callbacks=[lightning_optim.AdaScaleCallback(tau_target=target), EndProcessGroup()],
                              **{**FAST, "logger": True, "default_root_dir": tmp_path})
         trainer.fit(module)
         return module, {k: float(v) for k, v in trainer.callback_metrics.items()}

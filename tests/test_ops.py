@@ -1,5 +1,7 @@
 """The op layer: torch.library.opcheck for every op, torch.compile(fullgraph=True) of a step."""
 
+import math
+
 import pytest
 import torch
 
@@ -168,27 +170,40 @@ def test_buckets_are_freed_with_their_optimizer():
         torch.ops.fused_optim.sgd_bucket(bucket, [], **SCALARS["sgd_"])
 
 
+def assert_stores_round_like_torch(sgd, dtype, lr: float, device="cpu") -> torch.Tensor:
+    """An fp32 -> ``dtype`` (fp16 or bf16) store of ``sgd`` (an ``sgd_`` op) gives torch's bits:
+    round to nearest even, subnormals kept, inf/nan preserved. The same update on fp32 storage,
+    rounded by torch, is the oracle (identical fp32 math: p - lr*g). Grads span the dtype's range, so
+    ``lr`` sends results under its normal range (1e-10) and over its largest value (3e5). Returns
+    the fp32 results."""
+    finfo = torch.finfo(dtype)
+    gen = torch.Generator().manual_seed(0)
+    n = 4096 + 5
+    mags = torch.pow(10.0, torch.empty(n).uniform_(math.log10(finfo.tiny), math.log10(finfo.max), generator=gen))
+    g = (mags * torch.randint(0, 2, (n,), generator=gen).mul(2).sub(1)).to(dtype)
+    g[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), finfo.tiny])
+    p = torch.randn(n, generator=gen).to(dtype) * (finfo.tiny * 1e8)
+    p[::2] = 0  # there, lr * g alone decides
+    kw = dict(lr=lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
+              wd_after_momentum=False)
+    low, in_fp32 = p.to(device), p.float().to(device)
+    sgd([low], [g.to(device)], [], [], **kw)
+    sgd([in_fp32], [g.float().to(device)], [], [], **kw)
+    low, in_fp32 = low.cpu(), in_fp32.cpu()
+    expected = in_fp32.to(dtype)
+    nan = expected.isnan()
+    assert torch.equal(low.isnan(), nan)
+    assert torch.equal(low[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    return in_fp32
+
+
 @pytest.mark.parametrize("lr", [1e-10, 0.3, 1.0, 3e5])
 def test_bf16_results_round_exactly_like_torch(lr):
     """The kernels' fp32 -> bf16 store (a one-instruction path where the CPU has AVX512-BF16)
-    must give torch's bits: round to nearest even, denormals kept, inf/nan preserved. The same
-    update on fp32 storage, rounded by torch, is the oracle (identical fp32 math)."""
-    gen = torch.Generator().manual_seed(0)
-    n = 4096 + 5
-    mags = torch.pow(10.0, torch.empty(n).uniform_(-38, 38, generator=gen))
-    g = (mags * torch.randint(0, 2, (n,), generator=gen).mul(2).sub(1)).to(torch.bfloat16)
-    g[:6] = torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 1e-38])
-    p = torch.randn(n, generator=gen).to(torch.bfloat16) * 1e-30
-    p[::2] = 0  # there, lr * g alone decides: below fp32's normal range for the smallest lr
-    kw = dict(lr=lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
-              wd_after_momentum=False)
-    in_bf16, in_fp32 = p.clone(), p.float()
-    torch.ops.fused_optim.sgd_([in_bf16], [g], [], [], **kw)
-    torch.ops.fused_optim.sgd_([in_fp32], [g.float()], [], [], **kw)
-    expected = in_fp32.to(torch.bfloat16)
-    nan = expected.isnan()
-    assert torch.equal(in_bf16.isnan(), nan)
-    assert torch.equal(in_bf16[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+    must give torch's bits (see assert_stores_round_like_torch)."""
+    in_fp32 = assert_stores_round_like_torch(torch.ops.fused_optim.sgd_, torch.bfloat16, lr)
     if lr == 1e-10:  # fp32 denormals were produced and kept as bf16 denormals
         tiny = torch.finfo(torch.float32).tiny
-        assert ((in_fp32.abs() < tiny) & (in_fp32 != 0)).any() and ((expected.float().abs() < tiny) & (expected != 0)).any()
+        expected = in_fp32.to(torch.bfloat16)
+        assert ((in_fp32.abs() < tiny) & (in_fp32 != 0)).any()
+        assert ((expected.float().abs() < tiny) & (expected != 0)).any()

@@ -75,6 +75,7 @@ def test_sources_of_other_content_build_in_another_directory(monkeypatch, tmp_pa
     build; identical trees share it (tests/test_build_faults.py)."""
     from fused_optim import _build
 
-    names = {_build.extension_name(), _build.cuda_extension_name()}
+    kinds = (_build.extension_name, _build.cuda_extension_name, _build.emulated_cuda_extension_name)
+    names = {name() for name in kinds}
     monkeypatch.setattr(_build, "CSRC", tmp_path / "csrc")
-    assert names.isdisjoint({_build.extension_name(), _build.cuda_extension_name()})
+    assert names.isdisjoint({name() for name in kinds})

@@ -67,3 +67,24 @@ def test_the_state_an_optimizer_keeps_is_named_in_its_op_spec(name):
 def test_every_declared_op_is_called_by_a_registered_optimizer():
     """No spec without an optimizer (a left-over op nothing can reach)."""
     assert {op_spec(name).name for name in list_optimizers()} == set(SPECS)
+
+
+def test_the_generated_cpp_header_matches_the_specs():
+    """csrc/shared/update_ops.h is generated from the specs (fused_optim/cpp_header.py): after an
+    edit of specs.py, `python -m fused_optim.cpp_header` must be run, or the C++ kernels would be
+    declared and registered with stale argument lists."""
+    from fused_optim import cpp_header
+
+    assert (_build.CSRC / cpp_header.HEADER).read_text() == cpp_header.render(), (
+        "csrc/shared/update_ops.h is out of date: run `python -m fused_optim.cpp_header`")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_declared_kernel_takes_the_schema_arguments_in_order(name):
+    """The declaration's parameter names are the schema's argument names, in order (what the
+    dispatcher passes the kernel positionally)."""
+    from fused_optim import cpp_header
+
+    schema = torch._C.parse_schema(f"fused_optim::{name}{SPECS[name].schemas()['']}")
+    declared = [param.rsplit(" ", 1)[1] for param in cpp_header.parameters(SPECS[name])]
+    assert declared == [arg.name for arg in schema.arguments]

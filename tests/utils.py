@@ -7,13 +7,14 @@ import torch
 SMALL = 300  # many small tensors in one group
 
 
-def make_groups(dtype=torch.float32, seed=0) -> list[dict]:
+def make_groups(dtype=torch.float32, seed=0, small=SMALL) -> list[dict]:
     """Param groups with the shapes that break multi-tensor code: a 1-element and a 4097-element
-    tensor, a (33, 65) matrix, 300 small tensors in a second group with its own lr, an empty group,
-    and a param that never gets a grad. Returns groups of plain tensors (wrap per optimizer)."""
+    tensor, a (33, 65) matrix, ``small`` (300) small tensors in a second group with its own lr, an
+    empty group, and a param that never gets a grad. Returns groups of plain tensors (wrap per
+    optimizer)."""
     g = torch.Generator().manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
-    small = [rnd(int(n)) for n in torch.randint(1, 70, (SMALL,), generator=g)]
+    small = [rnd(int(n)) for n in torch.randint(1, 70, (small,), generator=g)]
     return [
         {"params": [rnd(1), rnd(4097), rnd(33, 65), rnd(17)]},
         {"params": small, "lr_scale": 0.5},

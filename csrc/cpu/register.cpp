@@ -23,14 +23,9 @@ void impl_twin(torch::Library& m, const std::string& name) {
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("l2norm", &l2norm_cpu);
   m.impl("sum_squares_", &sum_squares_cpu);
-  m.impl("sgd_", &sgd_cpu);
-  m.impl("sign_sgd_", &sign_sgd_cpu);
-  m.impl("lars_", &lars_cpu);
-  m.impl("colossal_lars_", &colossal_lars_cpu);
-  m.impl("sparsified_sgd_", &sparsified_sgd_cpu);
-  m.impl("adam_", &adam_cpu);
-  m.impl("lamb_", &lamb_cpu);
-  m.impl("colossal_lamb_", &colossal_lamb_cpu);
+#define FUSED_OPTIM_REGISTER_CPU(name) m.impl(#name "_", &name##_cpu);
+  FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CPU)
+#undef FUSED_OPTIM_REGISTER_CPU
 }
 
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
@@ -39,14 +34,9 @@ TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("grad_norm_hooks", &grad_norm_hooks);
   m.impl("remove_grad_hooks", &remove_grad_hooks);
   m.impl("grad_sum_squares_", &grad_sum_squares_);
-  impl_twin<&sgd_cpu>(m, "sgd_");
-  impl_twin<&sign_sgd_cpu>(m, "sign_sgd_");
-  impl_twin<&lars_cpu>(m, "lars_");
-  impl_twin<&colossal_lars_cpu>(m, "colossal_lars_");
-  impl_twin<&sparsified_sgd_cpu>(m, "sparsified_sgd_");
-  impl_twin<&adam_cpu>(m, "adam_");
-  impl_twin<&lamb_cpu>(m, "lamb_");
-  impl_twin<&colossal_lamb_cpu>(m, "colossal_lamb_");
+#define FUSED_OPTIM_REGISTER_TWIN(name) impl_twin<&name##_cpu>(m, #name "_");
+  FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_TWIN)
+#undef FUSED_OPTIM_REGISTER_TWIN
 }
 
 }  // namespace fused_optim

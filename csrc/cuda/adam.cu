@@ -25,15 +25,15 @@ struct AdamFunctor {
     const AdamStep s = adam_step(lr, bias_correction(a.beta1, a.beta2, step, a.bias_correction));
     const float inv_scale = inv_scale_of(a.s);
     const AdamRule<M> rule{a.maximize ? -inv_scale : inv_scale,
-                           a.weight_decay,
+                           static_cast<M>(a.weight_decay),
                            static_cast<M>(decoupled_decay(lr, a.weight_decay)),
                            static_cast<M>(1.0 - a.beta1),
-                           a.beta2,
+                           static_cast<M>(a.beta2),
                            static_cast<M>(1.0 - a.beta2),
-                           a.eps,
+                           static_cast<M>(a.eps),
                            static_cast<M>(-s.step_size),
                            static_cast<M>(s.inv_bc2_sqrt),
-                           a.weight_decay != 0.f,
+                           a.weight_decay != 0.0,
                            a.decoupled};
     for_each_element<T, kLists, kLists - 1>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kAmsgrad) {

@@ -17,7 +17,15 @@
 #include "../shared/checks.h"
 #include "../shared/sparse_indices.h"
 #include "../shared/trust_ratio.h"
+#include "../shared/update_ops.h"
 #include "launch.h"
+
+// The library and dispatch key these implementations are registered for: fused_optim's CUDA key;
+// the CPU emulation build (fused_optim/_build.py, csrc/emulation) sets its own library and CPU.
+#ifndef FUSED_OPTIM_CUDA_LIBRARY
+#define FUSED_OPTIM_CUDA_LIBRARY fused_optim
+#define FUSED_OPTIM_CUDA_KEY CUDA
+#endif
 
 namespace fused_optim {
 namespace {
@@ -60,8 +68,8 @@ int64_t max_chunks_of(const std::vector<int64_t>& sizes) {
 
 // The CUDA device of a call, from params[0]; checks that it is a CUDA tensor.
 at::Device device_of(const char* op, at::TensorList params) {
-  TORCH_CHECK(params[0].is_cuda(), "fused_optim::", op, ": params[0] is on ", params[0].device(),
-              "; the CUDA kernel needs CUDA params");
+  TORCH_CHECK(params[0].device().type() == c10::DeviceType::FUSED_OPTIM_CUDA_KEY, "fused_optim::", op,
+              ": params[0] is on ", params[0].device(), "; the CUDA kernel needs CUDA params");
   return params[0].device();
 }
 
@@ -71,8 +79,8 @@ at::Tensor device_scalar(const char* op, const char* name, const OptTensor& t, a
   if (!t.has_value() || !t->defined()) return {};
   TORCH_CHECK(t->numel() == 1, "fused_optim::", op, ": ", name, " must have one element, got ", t->numel());
   const auto options = at::TensorOptions().device(device).dtype(at::kFloat);
-  if (t->is_cpu()) return at::full({1}, t->item<double>(), options);
   if (t->device() == device && t->scalar_type() == at::kFloat) return *t;
+  if (t->is_cpu()) return at::full({1}, t->item<double>(), options);
   return t->to(options);
 }
 
@@ -85,7 +93,7 @@ class Scalars {
         grad_scale_(device_scalar(op, "grad_scale", grad_scale, device)),
         found_inf_(device_scalar(op, "found_inf", found_inf, device)) {
     s_.lr = lr_.defined() ? lr_.data_ptr<float>() : nullptr;
-    s_.lr_value = static_cast<float>(lr);
+    s_.lr_value = lr;
     s_.grad_scale = grad_scale_.defined() ? grad_scale_.data_ptr<float>() : nullptr;
     s_.found_inf = found_inf_.defined() ? found_inf_.data_ptr<float>() : nullptr;
   }
@@ -170,9 +178,9 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
 
 cuda::SgdArgs sgd_args(double momentum, double dampening, double weight_decay, bool nesterov) {
   cuda::SgdArgs a;
-  a.momentum = static_cast<float>(momentum);
-  a.dampening = static_cast<float>(dampening);
-  a.weight_decay = static_cast<float>(weight_decay);
+  a.momentum = momentum;
+  a.dampening = dampening;
+  a.weight_decay = weight_decay;
   a.nesterov = nesterov;
   return a;
 }
@@ -202,8 +210,8 @@ void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momen
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   if (weight_decay != 0.0 || always_adapt) {
     a.trust = cuda::TrustRatio::kLars;
-    a.trust_coefficient = static_cast<float>(trust_coefficient);
-    a.eps = static_cast<float>(eps);
+    a.trust_coefficient = trust_coefficient;
+    a.eps = eps;
     a.trust_clip = trust_clip;
   }
   sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, first_step, a, lr, lr_tensor,
@@ -215,11 +223,11 @@ void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorL
                         double epsilon, bool lars, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                         const OptTensor& found_inf) {
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
-  a.clamp = static_cast<float>(kColossalLarsGradClamp);
+  a.clamp = kColossalLarsGradClamp;
   if (lars) {
     a.trust = cuda::TrustRatio::kColossal;
-    a.trust_coefficient = static_cast<float>(eeta);
-    a.eps = static_cast<float>(epsilon);
+    a.trust_coefficient = eeta;
+    a.eps = epsilon;
   }
   sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, first_step, a, lr,
                   lr_tensor, grad_scale, found_inf);
@@ -243,7 +251,7 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
   auto p = pointers(params), g = pointers(grads), m = pointers(memories);
   const auto sizes = sizes_of(params);
   cuda::sparsified_sgd_launch(dtype, static_cast<int64_t>(params.size()), p.data(), g.data(), m.data(), sizes.data(),
-                              scalars.get(), static_cast<float>(weight_decay), stream);
+                              scalars.get(), weight_decay, stream);
   const auto indices = draw_sparse_indices(params, sparse_grad_size, random_sparse, generator);
   for (size_t t = 0; t < params.size(); ++t) {
     const at::Tensor index = indices[t].to(device);
@@ -269,10 +277,10 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   cuda::AdamArgs a;
   a.s = scalars.get();
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.eps = static_cast<float>(eps);
-  a.weight_decay = static_cast<float>(weight_decay);
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
   a.decoupled = decoupled;
   a.maximize = maximize;
   a.bias_correction = bias_correction;
@@ -323,12 +331,12 @@ void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
                const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.beta3 = static_cast<float>(grad_averaging ? 1.0 - beta1 : 1.0);
-  a.eps = static_cast<float>(eps);
-  a.weight_decay = static_cast<float>(weight_decay);
-  a.max_grad_norm = static_cast<float>(max_grad_norm);
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
+  a.max_grad_norm = max_grad_norm;
   a.decoupled = adam_w_mode;
   a.trust_ratio = use_nvlamb || weight_decay != 0.0;
   a.trust_clip = trust_clip;
@@ -342,11 +350,11 @@ void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorL
                         double eps, double weight_decay, bool adam, bool bias_correction, const OptTensor& lr_tensor,
                         const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.beta3 = static_cast<float>(1.0 - beta1);
-  a.eps = static_cast<float>(eps);
-  a.weight_decay = static_cast<float>(weight_decay);
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.beta3 = 1.0 - beta1;
+  a.eps = eps;
+  a.weight_decay = weight_decay;
   a.decoupled = true;
   a.trust_ratio = !adam;
   a.bias_correction = bias_correction;
@@ -415,17 +423,12 @@ void sum_squares_cuda(const at::Tensor& sums, at::TensorList tensors, c10::IntAr
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused_optim, CUDA, m) {
+TORCH_LIBRARY_IMPL(FUSED_OPTIM_CUDA_LIBRARY, FUSED_OPTIM_CUDA_KEY, m) {
   m.impl("l2norm", &l2norm_cuda);
   m.impl("sum_squares_", &sum_squares_cuda);
-  m.impl("sgd_", &sgd_cuda);
-  m.impl("sign_sgd_", &sign_sgd_cuda);
-  m.impl("lars_", &lars_cuda);
-  m.impl("colossal_lars_", &colossal_lars_cuda);
-  m.impl("sparsified_sgd_", &sparsified_sgd_cuda);
-  m.impl("adam_", &adam_cuda);
-  m.impl("lamb_", &lamb_cuda);
-  m.impl("colossal_lamb_", &colossal_lamb_cuda);
+#define FUSED_OPTIM_REGISTER_CUDA(name) m.impl(#name "_", &name##_cuda);
+  FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CUDA)
+#undef FUSED_OPTIM_REGISTER_CUDA
 }
 
 }  // namespace fused_optim

@@ -29,14 +29,15 @@ __device__ TensorLamb<M> tensor_lamb(const TensorListMetadata<Depth>& meta, cons
   const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[steps_list][chunk.slot])) + 1.0;
   const double inv_scale = inv_scale_of(a.s);
   double grad_mul = inv_scale;
-  if (a.max_grad_norm > 0.f) {
+  if (a.max_grad_norm > 0.0) {
     const double norm = (a.grad_norm != nullptr ? *a.grad_norm : sqrt(*a.grad_sq)) * inv_scale;
     grad_mul = lamb_grad_multiplier(inv_scale, norm, a.max_grad_norm);
   }
   const BiasCorrection bc = bias_correction(a.beta1, a.beta2, step, a.bias_correction);
   const LambTensor numbers = lamb_tensor(lr_of(a.s), bc, a.colossal);
-  return {{static_cast<M>(grad_mul), a.weight_decay, a.beta1, a.beta3, a.beta2, static_cast<M>(1.0 - a.beta2), a.eps,
-           static_cast<M>(numbers.c1), static_cast<M>(numbers.c2), a.weight_decay != 0.f, a.decoupled},
+  return {{static_cast<M>(grad_mul), static_cast<M>(a.weight_decay), static_cast<M>(a.beta1), static_cast<M>(a.beta3),
+           static_cast<M>(a.beta2), static_cast<M>(1.0 - a.beta2), static_cast<M>(a.eps), static_cast<M>(numbers.c1),
+           static_cast<M>(numbers.c2), a.weight_decay != 0.0, a.decoupled},
           numbers.lr};
 }
 

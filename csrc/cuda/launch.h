@@ -34,10 +34,11 @@ inline std::vector<void*> concat_lists(int64_t n, std::initializer_list<void* co
   return pointers;
 }
 
-// The scalars every update op reads on the device.
+// The scalars every update op reads on the device. Hyperparameters travel as doubles, as the ops
+// take them: fp64 params are updated with them unrounded (kernels convert them to their opmath).
 struct DeviceScalars {
   const float* lr = nullptr;  // the lr tensor, or nullptr: lr_value
-  float lr_value = 0.f;
+  double lr_value = 0.0;
   const float* grad_scale = nullptr;  // grads are divided by it; nullptr: 1
   const float* found_inf = nullptr;   // non-zero: nothing changes, step counters included; nullptr: 0
 };
@@ -66,13 +67,13 @@ enum class TrustRatio { kNone, kLars, kColossal };
 
 struct SgdArgs {
   DeviceScalars s;
-  float momentum = 0.f, dampening = 0.f, weight_decay = 0.f, clamp = 0.f;
+  double momentum = 0.0, dampening = 0.0, weight_decay = 0.0, clamp = 0.0;
   bool nesterov = false, maximize = false, wd_after_momentum = false;
   bool first_step = false;  // the momentum buffers are set to d (torch's first step)
   // Layer-wise ratios from sq_norms[2t] = Σp², sq_norms[2t + 1] = Σg² (grads as given, scaled).
   TrustRatio trust = TrustRatio::kNone;
   const double* sq_norms = nullptr;
-  float trust_coefficient = 0.f, eps = 0.f;
+  double trust_coefficient = 0.0, eps = 0.0;
   bool trust_clip = false;
 };
 
@@ -84,7 +85,7 @@ void sgd_launch(DType dtype, SgdDirection direction, int64_t n, void* const* par
 // adam.cu: torch.optim.Adam / AdamW; max_exp_avg_sqs is nullptr without amsgrad. Increments steps.
 struct AdamArgs {
   DeviceScalars s;
-  float beta1 = 0.f, beta2 = 0.f, eps = 0.f, weight_decay = 0.f;
+  double beta1 = 0.0, beta2 = 0.0, eps = 0.0, weight_decay = 0.0;
   bool decoupled = false, maximize = false, bias_correction = true;
 };
 
@@ -95,7 +96,7 @@ void adam_launch(DType dtype, int64_t n, void* const* params, void* const* grads
 // lamb.cu: lamb_ and colossal_lamb_ (see lamb.cu). Increments steps.
 struct LambArgs {
   DeviceScalars s;
-  float beta1 = 0.f, beta2 = 0.f, beta3 = 0.f, eps = 0.f, weight_decay = 0.f, max_grad_norm = 0.f;
+  double beta1 = 0.0, beta2 = 0.0, beta3 = 0.0, eps = 0.0, weight_decay = 0.0, max_grad_norm = 0.0;
   bool decoupled = false, trust_ratio = false, trust_clip = false, bias_correction = true;
   bool colossal = false;  // bias corrections folded into the lr (colossal_lamb_)
   // The gradient norm to clip with (max_grad_norm > 0), before unscaling: grad_norm (a float), or
@@ -112,7 +113,8 @@ void lamb_launch(DType dtype, int64_t n, void* const* params, void* const* grads
 // sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
 // then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.
 void sparsified_sgd_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* memories,
-                           const int64_t* sizes, const DeviceScalars& scalars, float weight_decay, cudaStream_t stream);
+                           const int64_t* sizes, const DeviceScalars& scalars, double weight_decay,
+                           cudaStream_t stream);
 void sparse_apply_launch(DType dtype, void* param, void* memory, const int64_t* indices, int64_t k,
                          const DeviceScalars& scalars, cudaStream_t stream);
 

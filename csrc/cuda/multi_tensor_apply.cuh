@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernel_launch.cuh"
 #include "launch.h"
 
 namespace fused_optim {
@@ -91,7 +92,7 @@ __device__ __forceinline__ bool skip_step(const DeviceScalars& s) {
 __device__ __forceinline__ float inv_scale_of(const DeviceScalars& s) {
   return s.grad_scale != nullptr ? 1.f / *s.grad_scale : 1.f;
 }
-__device__ __forceinline__ float lr_of(const DeviceScalars& s) { return s.lr != nullptr ? *s.lr : s.lr_value; }
+__device__ __forceinline__ double lr_of(const DeviceScalars& s) { return s.lr != nullptr ? *s.lr : s.lr_value; }
 
 // The chunk a block works on: tensor slot, caller's tensor index, element range [begin, end).
 struct Chunk {
@@ -178,7 +179,7 @@ void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, 
       ++blocks;
       const bool last_chunk = c == chunks - 1;
       if (blocks == kMaxBlocks || (tensors == kMaxTensors && last_chunk)) {
-        multi_tensor_kernel<Depth, Functor><<<blocks, kBlockSize, 0, stream>>>(meta, args);
+        FUSED_OPTIM_LAUNCH((multi_tensor_kernel<Depth, Functor>), blocks, kBlockSize, stream, meta, args);
         blocks = 0;
         if (last_chunk) {
           tensors = 0;
@@ -191,7 +192,7 @@ void multi_tensor_apply(int64_t n, void* const* pointers, const int64_t* sizes, 
       }
     }
   }
-  if (blocks > 0) multi_tensor_kernel<Depth, Functor><<<blocks, kBlockSize, 0, stream>>>(meta, args);
+  if (blocks > 0) FUSED_OPTIM_LAUNCH((multi_tensor_kernel<Depth, Functor>), blocks, kBlockSize, stream, meta, args);
 }
 
 }  // namespace cuda

@@ -55,9 +55,9 @@ void sum_squares_launch(DType dtype, int lists, int64_t n, void* const* pointers
 void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream) {
   if (n == 0) return;
   if (lists == 1) {
-    sum_chunks_kernel<1><<<static_cast<unsigned>(n), kBlockSize, 0, stream>>>(sums);
+    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<1>), static_cast<unsigned>(n), kBlockSize, stream, sums);
   } else {
-    sum_chunks_kernel<2><<<static_cast<unsigned>(n), kBlockSize, 0, stream>>>(sums);
+    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<2>), static_cast<unsigned>(n), kBlockSize, stream, sums);
   }
 }
 

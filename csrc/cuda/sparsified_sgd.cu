@@ -2,6 +2,8 @@
 //   memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p   (every element, one launch for all)
 //   p[i] <- p[i] - memory[i] ; memory[i] <- 0                     (its k indices, one launch each)
 // The binding draws the indices on the host; both launches are skipped when found_inf is set.
+#include <algorithm>
+
 #include "launch.h"
 #include "multi_tensor_apply.cuh"
 
@@ -11,7 +13,7 @@ namespace {
 
 struct SparsifiedArgs {
   DeviceScalars s;
-  float weight_decay;
+  double weight_decay;
 };
 
 // Lists: params, memories (mutable), grads.
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(kBlockSize)
 }  // namespace
 
 void sparsified_sgd_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* memories,
-                           const int64_t* sizes, const DeviceScalars& scalars, float weight_decay,
+                           const int64_t* sizes, const DeviceScalars& scalars, double weight_decay,
                            cudaStream_t stream) {
   const auto lists = concat_lists(n, {params, memories, grads});
   dispatch_dtype(dtype, [&](auto tag) {
@@ -58,8 +60,8 @@ void sparse_apply_launch(DType dtype, void* param, void* memory, const int64_t* 
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((k + kBlockSize - 1) / kBlockSize, kMaxBlocks));
   dispatch_dtype(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sparse_apply_kernel<T>
-        <<<blocks, kBlockSize, 0, stream>>>(static_cast<T*>(param), static_cast<T*>(memory), indices, k, scalars);
+    FUSED_OPTIM_LAUNCH((sparse_apply_kernel<T>), blocks, kBlockSize, stream, static_cast<T*>(param),
+                       static_cast<T*>(memory), indices, k, scalars);
   });
 }
 

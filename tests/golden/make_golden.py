@@ -17,6 +17,15 @@ File format (loadable with ``torch.load(path, weights_only=True)``)::
 ``{"reference", "cases": [{"id", "D", "k", "params": [[tensor] per t], "estimates": [[tensor] per t]}]}``.
 The tensors of one case are views into one flat storage (it keeps the files small): clone before mutating.
 
+``mlbench_fp16_optimizer.pt`` holds mlbench's ``FP16Optimizer`` on a tiny fp16 model (a flat fp32
+master, a torch.optim optimizer inside, inf/NaN grads injected at some steps)::
+
+    {"reference", "cases": [{"id", "options": FP16Optimizer kwargs (mlbench's names = ours),
+        "step_kwargs": {"multiplier", "denom"}, "inner": {"name": torch.optim class, "kwargs"},
+        "init": [fp16 tensor per param], "grads": fp16 [steps, n] (the scaled grads each step()
+        read, params flattened in order), "scale": [loss scale after each step],
+        "updated": [step()'s result], "masters": fp32 [steps, n], "params": fp16 [steps, n]}]}
+
 The references live in their own venv, outside the repo (nothing here goes into the project's venv).
 Reference modules are loaded by file path with their packages' ``__init__`` skipped, so none of their
 other dependencies is needed. Setup, from the repo root::
@@ -28,7 +37,7 @@ other dependencies is needed. Setup, from the repo root::
     /work/golden-venv/bin/pip install --no-deps --ignore-requires-python quadra==2.9.0
     /work/golden-venv/bin/pip download --no-deps colossalai==0.5.0 -d /work/golden-src
     tar xzf /work/golden-src/colossalai-0.5.0.tar.gz -C /work/golden-src   # read only, not installed
-    /work/golden-venv/bin/python tests/golden/make_golden.py
+    /work/golden-venv/bin/python tests/golden/make_golden.py [FILE.pt ...]   # all files, or only those
 
 ``COLOSSALAI_SRC`` overrides the unpacked ColossalAI source dir (default /work/golden-src/colossalai-0.5.0).
 """
@@ -243,6 +252,55 @@ def estimates_case(c):
     return {**c, "params": params, "estimates": estimates}
 
 
+# mlbench FP16Optimizer cases: ctor options (world_size=1), step() kwargs, the torch.optim optimizer over the
+# flat master, and {step: (param index, value)} grads overwritten after backward_loss (overflow steps).
+# Case 1: the scale grows every 2 steps to the max_scale cap (held there), falls on overflows (two in a row at 20, 21).
+# Case 2: clips at about half the steps (grad_clip 0.12), average_custom by denom 4, multiplier 2, scale_window 3;
+# the scale grows until the fp16 grads overflow by themselves (step 25).
+FP16_CASES = [
+    dict(id="sgd-momentum-overflows-max-scale", options=dict(init_scale=2048, scale_window=2, max_scale=4096,
+                                                             average_world=True),
+         step_kwargs={}, inner=dict(name="SGD", kwargs=dict(lr=0.05, momentum=0.9, weight_decay=1e-3)),
+         bad={6: (0, float("inf")), 13: (3, float("nan")), 20: (1, float("inf")), 21: (2, -float("inf"))}),
+    dict(id="sgd-clip-average-custom-multiplier",
+         options=dict(grad_clip=0.12, init_scale=1024, scale_window=3, average_world=False, average_custom=True),
+         step_kwargs=dict(multiplier=2.0, denom=4.0), inner=dict(name="SGD", kwargs=dict(lr=0.1)),
+         bad={9: (0, float("inf"))}),
+]
+
+
+def fp16_optimizer_case(c):
+    """STEPS steps of mlbench's FP16Optimizer (flat master) on Linear(5, 4)-Tanh-Linear(4, 3) in fp16: 39
+    params, so the flat master's elementwise ops split into vector blocks and a scalar tail the same way
+    for AVX2 and AVX-512 (39 mod 32 < 16; see tests/test_fp16_optimizer.py)."""
+    for dependency in ["utils.pytorch.utils", "aggregation.pytorch.aggregation"]:  # (stubs for their packages)
+        load(SITE, f"mlbench_core.{dependency}")
+    fp16_optimizer = load(SITE, "mlbench_core.optim.pytorch.fp_optimizers").FP16Optimizer
+    torch.manual_seed(zlib.crc32(c["id"].encode()))
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3)).half()
+    params = list(model.parameters())
+    init = [p.detach().clone() for p in params]
+    opt = fp16_optimizer(model, world_size=1, **c["options"])
+    opt.set_optimizer(getattr(torch.optim, c["inner"]["name"])([opt.fp32_params], **c["inner"]["kwargs"]))
+    gen = torch.Generator().manual_seed(1)
+    rows = {"grads": [], "masters": [], "params": []}
+    scale, updated = [], []
+    for t in range(STEPS):
+        opt.zero_grad()
+        x, y = torch.randn(8, 5, generator=gen), torch.randn(8, 3, generator=gen)
+        opt.backward_loss(torch.nn.functional.mse_loss(model(x.half()).float(), y))
+        if t in c["bad"]:
+            i, value = c["bad"][t]
+            params[i].grad.view(-1)[0] = value
+        rows["grads"].append(torch.cat([p.grad.reshape(-1) for p in params]))  # (step() replaces p.grad)
+        updated.append(opt.step(**c["step_kwargs"]))
+        scale.append(float(opt.loss_scaler.loss_scale))
+        rows["masters"].append(opt.fp32_params.detach().clone())
+        rows["params"].append(torch.cat([p.detach().reshape(-1) for p in params]))
+    return {"id": c["id"], "options": c["options"], "step_kwargs": c["step_kwargs"], "inner": c["inner"],
+            "init": init, **{k: torch.stack(v) for k, v in rows.items()}, "scale": scale, "updated": updated}
+
+
 def walk(obj, fn):
     """obj with fn applied to each tensor in it (nested lists and dicts)."""
     if torch.is_tensor(obj):
@@ -270,18 +328,27 @@ def one_storage(record):
     return walk(record, view)
 
 
-def main():
-    for file, cases in CASES.items():
-        records = [one_storage(run_case(file, c)) for c in cases]
-        torch.save({"reference": REFERENCES[file][0], "cases": records}, HERE / file)
-    reference = ("mlbench-core 3.0.0 mlbench_core/optim/pytorch/optim.py "
-                 "SparsifiedSGD.update_estimated_weights / get_estimated_weights")
-    records = [one_storage(estimates_case(c)) for c in ESTIMATE_CASES]
-    torch.save({"reference": reference, "cases": records}, HERE / "mlbench_sparsified_estimates.pt")
+def main(files):
+    """Record the named files (all when none is named)."""
+    estimates = "mlbench_sparsified_estimates.pt"
+    fp16 = "mlbench_fp16_optimizer.pt"
+    for file in files or [*CASES, estimates, fp16]:
+        if file in CASES:
+            data = {"reference": REFERENCES[file][0], "cases": [one_storage(run_case(file, c)) for c in CASES[file]]}
+        elif file == estimates:
+            data = {"reference": "mlbench-core 3.0.0 mlbench_core/optim/pytorch/optim.py "
+                                 "SparsifiedSGD.update_estimated_weights / get_estimated_weights",
+                    "cases": [one_storage(estimates_case(c)) for c in ESTIMATE_CASES]}
+        elif file == fp16:
+            data = {"reference": "mlbench-core 3.0.0 mlbench_core/optim/pytorch/fp_optimizers.py FP16Optimizer",
+                    "cases": [fp16_optimizer_case(c) for c in FP16_CASES]}
+        else:
+            raise SystemExit(f"make_golden.py: unknown file {file!r}")
+        torch.save(data, HERE / file)
     for path in sorted(HERE.glob("*.pt")):
         data = torch.load(path, weights_only=True)
         print(f"{path.name:32} {path.stat().st_size:7d} B  {[c['id'] for c in data['cases']]}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

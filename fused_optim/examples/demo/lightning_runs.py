@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from torch.utils.data import DataLoader, TensorDataset
 
 from fused_optim import AdaScale, FusedSGD
+from fused_optim.process_group import end_process_group
 from lightning_optim import AdaScaleCallback
 
 from ..digits import DigitsCNN, load_digits
@@ -87,13 +88,9 @@ class RecordingProgressBar(ProgressBar):
             self.recorder.finish(pl_module.net)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        # The spawned ranks meet, then tear gloo down before they exit (nothing after fit talks to
-        # the group): a rank whose group is torn down at interpreter exit while the other still
-        # talks to it can abort ("terminate called without an active exception"), as in the
-        # mmengine runs.
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+        # After the strategy's teardown, which unwrapped the DDP module: a spawned rank ends its
+        # process group before its Python exits (see fused_optim.process_group).
+        end_process_group()
 
 
 def train(run: Run, setup: Setup, out_dir: Path, title: str) -> dict:

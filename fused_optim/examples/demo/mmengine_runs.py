@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
+from fused_optim.process_group import end_process_group
 from mmengine_optim.train import prepare_cpu_ddp
 
 from .. import mmengine_digits  # noqa: F401  (registers the digits dataset and model)
@@ -117,17 +117,7 @@ def _train_rank(rank: int, run: Run, setup: Setup, out_dir: Path, title: str, po
                       WORLD_SIZE=str(run.world_size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.world_size))
     _train(run, setup, out_dir, title)
-    # Both ranks done before either tears gloo down: a rank that destroys its group while the other
-    # still talks to it can make the other abort ("terminate called without an active exception").
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
-    # Everything this rank had to do is done and written (the result file, the flushed output). A
-    # rank has still aborted once at interpreter exit after this point ("terminate called without an
-    # active exception": a native object's thread torn down by static destructors), so the rank
-    # leaves without running them.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_process_group()  # its gloo threads end before Python does (see fused_optim.process_group)
 
 
 def _net(runner) -> torch.nn.Module:

@@ -1,0 +1,113 @@
+"""The C++ side of the op specs: ``csrc/shared/update_ops.h``, generated from
+:data:`fused_optim.specs.SPECS` so that C++ never spells an op's argument list by hand.
+
+The header declares, for every update op ``<name>_``, its CPU kernel ``<name>_cpu`` (defined in
+``csrc/cpu``) with the schema's arguments in the schema's order, and the X-macro
+``FUSED_OPTIM_UPDATE_OPS(X)`` that calls ``X(<name>)`` for every op, from which
+``csrc/cpu/register.cpp`` registers the CPU kernels and their bucket twins, and
+``csrc/cuda/binding.cpp`` its ``<name>_cuda`` kernels. Registration checks each kernel's C++
+signature against the schema, so loading a library whose kernel takes other arguments fails
+naming the op (and a CPU definition that differs from its declaration leaves the declared one
+undefined: loading fails naming it).
+
+The header is generated into the source tree (and shipped) rather than at build time, so every
+build — the JIT ones, the nvcc compile check, a reader's editor — sees the same file;
+``tests/test_specs.py`` fails when it is out of date. Regenerate after editing a spec::
+
+    python -m fused_optim.cpp_header
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .spec import AMP_ARGS, OpSpec
+from .specs import SPECS
+
+HEADER = Path("shared") / "update_ops.h"  # relative to the kernel sources' root (_build.CSRC)
+
+# Schema type -> C++ parameter type of the kernel function (what the dispatcher passes).
+_CPP_TYPES = {
+    "Tensor[]": "at::TensorList",
+    "bool[]": "const c10::List<bool>&",
+    "float": "double",
+    "int": "int64_t",
+    "bool": "bool",
+    "Tensor?": "const std::optional<at::Tensor>&",
+    "Generator?": "const std::optional<at::Generator>&",
+}
+
+
+def _cpp_type(schema_type: str) -> str:
+    plain = re.sub(r"\([a-z]!?\)", "", schema_type)  # Tensor(a!)[] -> Tensor[]
+    try:
+        return _CPP_TYPES[plain]
+    except KeyError:
+        raise ValueError(f"schema type {schema_type!r} has no C++ kernel type; add it to _CPP_TYPES") from None
+
+
+def parameters(spec: OpSpec) -> list[str]:
+    """The kernel function's parameters (``type name``), in the list op's schema order."""
+    arguments, _, _ = spec.schemas()[""].rpartition(" -> ")
+    inside = arguments[1:-1]
+    params = []
+    for arg in inside.split(", "):
+        if arg == "*":
+            continue
+        type_, name = arg.split(" ")
+        params.append(f"{_cpp_type(type_)} {name.split('=')[0]}")
+    return params
+
+
+def _declaration(spec: OpSpec, suffix: str) -> str:
+    head = f"void {spec.name}{suffix}("
+    lines, line = [], head
+    for i, param in enumerate(parameters(spec)):
+        piece = param + (", " if i + 1 < len(parameters(spec)) else ");")
+        if len(line) + len(piece.rstrip()) > 118:
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += piece
+    lines.append(line)
+    return "\n".join(lines)
+
+
+def render(specs: dict[str, OpSpec] = SPECS) -> str:
+    assert AMP_ARGS  # the AMP arguments end every update op's schema (and so every declaration)
+    names = " \\\n".join(f"  X({name[:-1]})" for name in specs)
+    declarations = "\n".join(_declaration(spec, "cpu") for spec in specs.values())
+    return f"""\
+// Generated from the op specs (fused_optim/specs.py) by `python -m fused_optim.cpp_header`: do not
+// edit. The CPU kernel of every update op (csrc/cpu), with the schema's arguments in its order.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+
+// X(name) for every update op `name_`: registers the kernels (csrc/cpu/register.cpp, binding.cpp).
+#define FUSED_OPTIM_UPDATE_OPS(X) \\
+{names}
+
+namespace fused_optim {{
+
+{declarations}
+
+}}  // namespace fused_optim
+"""
+
+
+def main() -> None:
+    from ._build import CSRC
+
+    path = CSRC / HEADER
+    path.write_text(render())
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
