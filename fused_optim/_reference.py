@@ -39,7 +39,7 @@ def _norm(t: Tensor) -> float:
 
 def _sgd_family(params, grads, momentum_buffers, first_step, *, grad_mul, weight_decay, lr, momentum, dampening,
                 nesterov, wd_after_momentum=False, direction="plain", clamp=0.0) -> None:
-    """The SGD family (see csrc/cpu/sgd_family.h): per-tensor grad_mul, weight_decay and lr lists;
+    """The SGD family (see csrc/shared/sgd_math.h): per-tensor grad_mul, weight_decay and lr lists;
     direction "plain", "sign" (SignSGD) or "clamp" (d clamped to [-clamp, clamp] before momentum)."""
     for i, (p, g_in) in enumerate(zip(params, grads)):
         x = _opmath(p)

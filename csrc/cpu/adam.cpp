@@ -1,48 +1,14 @@
 // fused_optim::adam_ on the CPU: torch.optim.Adam / AdamW over a whole bucket in one parallel
-// region, step counters incremented here. Math (per element, in opmath; see fused_optim/adam.py):
-//   g <- ±g / grad_scale ; p <- p*(1 - lr*wd) (decoupled) | g <- g + wd*p (L2)
-//   m <- m + (1-beta1)*(g - m) ; v <- beta2*v + (1-beta2)*g*g ; vmax <- max(vmax, v) (amsgrad)
-//   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^step (or 1)
+// region, step counters incremented here. The math: csrc/shared/adam_math.h (per element, shared
+// with the CUDA kernel) and bias_correction.h (per tensor); fused_optim/adam.py documents the class.
+#include "simd_blocks.h"  // before the shared rule (adam_math.h)
 #include "multi_tensor.h"
 #include "op_args.h"
 #include "ops.h"
-#include "simd_blocks.h"
-
-#include <cmath>
+#include "../shared/adam_math.h"
+#include "../shared/bias_correction.h"
 
 namespace fused_optim {
-namespace {
-
-template <typename T>
-struct AdamMath {
-  using V = FVec<T>;
-  V grad_mul, wd, decay_mul, one_minus_b1, b2, one_minus_b2, eps;
-  bool has_wd, decoupled;
-  // Per tensor (its own step count).
-  V neg_step_size, inv_bc2_sqrt;
-
-  V moments(V& p, V& g, V& m, V& v) const {
-    g = g * grad_mul;
-    if (has_wd) {
-      if (decoupled) {
-        p = p * decay_mul;
-      } else {
-        g = at::vec::fmadd(wd, p, g);
-      }
-    }
-    m = at::vec::fmadd(one_minus_b1, g - m, m);
-    v = at::vec::fmadd(b2, v, one_minus_b2 * g * g);
-    return v;
-  }
-
-  void update(V& p, const V& m, const V& v_used) const {
-    const V denom = at::vec::fmadd(v_used.sqrt(), inv_bc2_sqrt, eps);
-    p = at::vec::fmadd(neg_step_size, m / denom, p);
-  }
-};
-
-}  // namespace
-
 void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
               double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
@@ -62,35 +28,33 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
   // Per-tensor step and bias corrections, computed once on the host in double.
   const size_t n = params.size();
   std::vector<int64_t> numels(n);
-  std::vector<double> new_step(n), step_size(n), inv_bc2_sqrt(n);
+  std::vector<double> new_step(n);
+  std::vector<AdamStep> adam_steps(n);
   BiasCorrections corrections(beta1, beta2, bias_correction);
   for (size_t i = 0; i < n; ++i) {
     numels[i] = params[i].numel();
     new_step[i] = read_step(steps[i]) + 1.0;
-    const auto& [bc1, bc2] = corrections.at(new_step[i]);
-    step_size[i] = lr / bc1;
-    inv_bc2_sqrt[i] = 1.0 / std::sqrt(bc2);
+    adam_steps[i] = adam_step(lr, corrections.at(new_step[i]));
   }
 
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::adam_", [&] {
     using M = opmath_t<scalar_t>;
     using V = FVec<scalar_t>;
-    const AdamMath<scalar_t> base{
-        V(static_cast<M>(maximize ? -amp.inv_scale : amp.inv_scale)),
-        V(static_cast<M>(weight_decay)),
-        V(static_cast<M>(1.0 - lr * weight_decay)),
-        V(static_cast<M>(1.0 - beta1)),
-        V(static_cast<M>(beta2)),
-        V(static_cast<M>(1.0 - beta2)),
-        V(static_cast<M>(eps)),
-        weight_decay != 0.0,
-        decoupled,
-        V(0),
-        V(0)};
+    const AdamRule<V> base{V(static_cast<M>(maximize ? -amp.inv_scale : amp.inv_scale)),
+                           V(static_cast<M>(weight_decay)),
+                           V(static_cast<M>(decoupled_decay(lr, weight_decay))),
+                           V(static_cast<M>(1.0 - beta1)),
+                           V(static_cast<M>(beta2)),
+                           V(static_cast<M>(1.0 - beta2)),
+                           V(static_cast<M>(eps)),
+                           V(0),
+                           V(0),
+                           weight_decay != 0.0,
+                           decoupled};
     multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-      AdamMath<scalar_t> math = base;
-      math.neg_step_size = V(static_cast<M>(-step_size[t]));
-      math.inv_bc2_sqrt = V(static_cast<M>(inv_bc2_sqrt[t]));
+      AdamRule<V> rule = base;
+      rule.neg_step_size = V(static_cast<M>(-adam_steps[t].step_size));
+      rule.inv_bc2_sqrt = V(static_cast<M>(adam_steps[t].inv_bc2_sqrt));
       scalar_t* p = ptr<scalar_t>(params[t]);
       const scalar_t* g = ptr<scalar_t>(grads[t]);
       scalar_t* m = ptr<scalar_t>(exp_avgs[t]);
@@ -98,15 +62,12 @@ void adam_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList exp
       if (amsgrad) {
         for_each_block<scalar_t>(
             begin, end,
-            [&](auto& pv, auto& gv, auto& mv, auto& vv, auto& vmax) {
-              vmax = at::vec::maximum(vmax, math.moments(pv, gv, mv, vv));
-              math.update(pv, mv, vmax);
-            },
+            [&](auto& pv, auto& gv, auto& mv, auto& vv, auto& vmax) { rule.apply(pv, gv, mv, vv, vmax); },
             p, g, m, v, ptr<scalar_t>(max_exp_avg_sqs[t]));
       } else {
         for_each_block<scalar_t>(
             begin, end,
-            [&](auto& pv, auto& gv, auto& mv, auto& vv) { math.update(pv, mv, math.moments(pv, gv, mv, vv)); },
+            [&](auto& pv, auto& gv, auto& mv, auto& vv) { rule.apply(pv, gv, mv, vv); },
             p, g, m, v);
       }
     });

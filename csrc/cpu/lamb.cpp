@@ -1,25 +1,19 @@
-// LAMB over a whole bucket; step counters incremented here. Per element, in opmath:
-//   g^ <- g / (grad_scale*clip)  clip = G/max_grad_norm if G > max_grad_norm > 0, else 1, with G
-//                               global_grad_norm/grad_scale, or (None) the norm of this call's grads
-//   g^ <- g^ + wd*p              (L2 mode, adam_w_mode=False)
-//   m <- beta1*m + beta3*g^ ; v <- beta2*v + (1-beta2)*g^^2
-//   u <- (m*c1[t]) / (sqrt(v)*c2[t] + eps) (+ wd*p in decoupled mode)
-//   r[t] <- ||p||/||u|| (1 if a norm is 0; min(r, 1) with trust_clip) when the trust ratio is on
-//   p <- p - lr[t]*r[t]*u
+// LAMB over a whole bucket (lamb_, colossal_lamb_); step counters incremented here. The math:
+// csrc/shared/lamb_math.h (per element and per tensor), trust_ratio.h (the trust ratio r[t]),
+// shared with the CUDA kernel; fused_optim/lamb.py documents both classes.
 // With the trust ratio, pass 1 updates m and v and sums ||p||^2 and ||u||^2 per tensor (fixed
 // order); pass 2 updates p with u as pass 1 kept it in a scratch buffer (fp32/fp64, see KeptU),
 // else recomputed from the stored m, v and the untouched p. So no host sync per tensor: the data
 // is read twice, in one two-pass launch (multi_tensor_two_pass) that updates a tensor right after
 // its sums, while it is in the cache.
-//   lamb_          apex/ColossalAI FusedLAMB (= timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr[t] = lr
-//   colossal_lamb_ ColossalLamb (ColossalAI Lamb): c1 = c2 = 1, lr[t] = lr*sqrt(bc2)/bc1, decoupled, always adapts
-// (fused_optim/lamb.py documents both).
+#include "simd_blocks.h"  // before the shared rule (lamb_math.h)
 #include "fixed_order_sums.h"
 #include "multi_tensor.h"
 #include "op_args.h"
 #include "ops.h"
-#include "simd_blocks.h"
 #include "two_pass.h"
+#include "../shared/lamb_math.h"
+#include "../shared/trust_ratio.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,27 +26,8 @@ struct Lamb {
   double inv_scale = 1.0, max_grad_norm = 0.0, beta1, beta2, beta3, eps, weight_decay;
   std::optional<double> grad_norm;  // unscaled norm to clip with; none: that of the call's grads
   bool decoupled, trust_ratio, trust_clip;
-  std::vector<double> c1, c2, lr, new_step;  // per tensor
-};
-
-template <typename T>
-struct LambMath {
-  using V = FVec<T>;
-  V grad_mul, wd, b1, b3, b2, one_minus_b2, eps, c1, c2;
-  bool has_wd, decoupled;
-
-  void moments(const V& p, const V& g, V& m, V& v) const {
-    V gh = g * grad_mul;
-    if (has_wd && !decoupled) gh = at::vec::fmadd(wd, p, gh);
-    m = at::vec::fmadd(b1, m, b3 * gh);
-    v = at::vec::fmadd(b2, v, one_minus_b2 * gh * gh);
-  }
-
-  V update(const V& p, const V& m, const V& v) const {
-    V u = (m * c1) / at::vec::fmadd(v.sqrt(), c2, eps);
-    if (has_wd && decoupled) u = at::vec::fmadd(wd, p, u);
-    return u;
-  }
+  std::vector<LambTensor> tensors;  // per tensor: c1, c2, lr
+  std::vector<double> new_step;      // per tensor
 };
 
 // KeptU: where pass 1 keeps u for pass 2, element i of a tensor at [i]: the thread's scratch when
@@ -94,10 +69,10 @@ struct KeptU {
   }
 };
 
-// 1/(grad_scale*clip) for the gradient.
+// 1/(grad_scale*clip) for the gradient (lamb_grad_multiplier), the norm summed here if not given.
 template <typename T>
 double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t>& numels, const Lamb& a) {
-  if (a.max_grad_norm <= 0.0) return a.inv_scale;
+  if (a.max_grad_norm <= 0.0) return a.inv_scale;  // no clipping: no norm needed
   double norm = a.grad_norm.value_or(0.0);
   if (!a.grad_norm) {
     double sum = 0.0;
@@ -108,7 +83,7 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
     }
     norm = std::sqrt(sum) * a.inv_scale;
   }
-  return norm > a.max_grad_norm ? a.inv_scale * a.max_grad_norm / norm : a.inv_scale;
+  return lamb_grad_multiplier(a.inv_scale, norm, a.max_grad_norm);
 }
 
 template <typename T>
@@ -119,23 +94,30 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
   const size_t n = params.size();
   const auto numels = numels_of(params);
   const double grad_mul = grad_multiplier<T>(grads, numels, a);
-  auto math_of = [&](size_t t) {
-    return LambMath<T>{V(static_cast<M>(grad_mul)), V(static_cast<M>(a.weight_decay)), V(static_cast<M>(a.beta1)),
-                       V(static_cast<M>(a.beta3)),    V(static_cast<M>(a.beta2)),        V(static_cast<M>(1.0 - a.beta2)),
-                       V(static_cast<M>(a.eps)),      V(static_cast<M>(a.c1[t])),        V(static_cast<M>(a.c2[t])),
-                       a.weight_decay != 0.0,         a.decoupled};
+  auto rule_of = [&](size_t t) {
+    return LambRule<V>{V(static_cast<M>(grad_mul)),
+                       V(static_cast<M>(a.weight_decay)),
+                       V(static_cast<M>(a.beta1)),
+                       V(static_cast<M>(a.beta3)),
+                       V(static_cast<M>(a.beta2)),
+                       V(static_cast<M>(1.0 - a.beta2)),
+                       V(static_cast<M>(a.eps)),
+                       V(static_cast<M>(a.tensors[t].c1)),
+                       V(static_cast<M>(a.tensors[t].c2)),
+                       a.weight_decay != 0.0,
+                       a.decoupled};
   };
   std::vector<double> neg_lr(n);
-  for (size_t t = 0; t < n; ++t) neg_lr[t] = -a.lr[t];
+  for (size_t t = 0; t < n; ++t) neg_lr[t] = -a.tensors[t].lr;
   if (!a.trust_ratio) {  // one pass
     multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-      const auto math = math_of(t);
+      const auto rule = rule_of(t);
       const V step(static_cast<M>(neg_lr[t]));
       for_each_block<T>(
           begin, end,
           [&](auto& p, auto& g, auto& m, auto& v) {
-            math.moments(p, g, m, v);
-            p = at::vec::fmadd(step, math.update(p, m, v), p);
+            rule.moments(p, g, m, v);
+            rule.apply(p, step, rule.direction(p, m, v));
           },
           ptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
     });
@@ -145,15 +127,15 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
   multi_tensor_two_pass<2>(
       numels,
       [&](int64_t t, int64_t begin, int64_t end, Placement where) {
-        const auto math = math_of(t);
+        const auto rule = rule_of(t);
         M* keep = kept_u.at(t, where);
         if (keep != nullptr) keep += begin;
         V p2(0), u2(0);
         for_each_block<T>(
             begin, end,
             [&](auto& p, auto& g, auto& m, auto& v) {
-              math.moments(p, g, m, v);
-              const V u = math.update(p, m, v);
+              rule.moments(p, g, m, v);
+              const V u = rule.direction(p, m, v);
               p2 = at::vec::fmadd(p, p, p2);
               u2 = at::vec::fmadd(u, u, u2);
               if (keep != nullptr) {
@@ -165,10 +147,7 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
         return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
       },
       [&](int64_t t, const std::array<double, 2>& sums) {
-        const double pn = std::sqrt(sums[0]), un = std::sqrt(sums[1]);
-        double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
-        if (a.trust_clip) r = std::min(r, 1.0);
-        neg_lr[t] *= r;
+        neg_lr[t] *= lamb_trust_ratio(std::sqrt(sums[0]), std::sqrt(sums[1]), a.trust_clip);
       },
       [&](int64_t t, int64_t begin, int64_t end, Placement where) {
         const V step(static_cast<M>(neg_lr[t]));
@@ -177,33 +156,31 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
           for_each_block<T>(
               begin, end,
               [&](auto& p) {
-                p = at::vec::fmadd(step, V::loadu(kept), p);
+                LambRule<V>::apply(p, step, V::loadu(kept));
                 kept += V::size();
               },
               ptr<T>(params[t]));
           return;
         }
-        const auto math = math_of(t);
+        const auto rule = rule_of(t);
         for_each_block<T>(
-            begin, end, [&](auto& p, auto& m, auto& v) { p = at::vec::fmadd(step, math.update(p, m, v), p); },
+            begin, end, [&](auto& p, auto& m, auto& v) { rule.apply(p, step, rule.direction(p, m, v)); },
             ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
       });
 }
 
-// Checks, the per-tensor step counters, and the update. per_tensor(t, step) fills a.c1/c2/lr[t].
+// Checks, the per-tensor step counters, and the update. per_tensor(step) gives a.tensors[t].
 template <typename PerTensor>
 void run_lamb(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList steps, Lamb& a, const PerTensor& per_tensor) {
   const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
   check_steps(op, params, steps);
   const size_t n = params.size();
-  a.c1.resize(n);
-  a.c2.resize(n);
-  a.lr.resize(n);
+  a.tensors.resize(n);
   a.new_step.resize(n);
   for (size_t t = 0; t < n; ++t) {
     a.new_step[t] = read_step(steps[t]) + 1.0;
-    per_tensor(t, a.new_step[t]);
+    a.tensors[t] = per_tensor(a.new_step[t]);
   }
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lamb",
                                 [&] { lamb_typed<scalar_t>(params, grads, exp_avgs, exp_avg_sqs, a); });
@@ -237,12 +214,8 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
   a.trust_ratio = use_nvlamb || weight_decay != 0.0;
   a.trust_clip = trust_clip;
   BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
-    const auto& [bc1, bc2] = corrections.at(step);
-    a.c1[t] = 1.0 / bc1;
-    a.c2[t] = 1.0 / std::sqrt(bc2);
-    a.lr[t] = lr;
-  });
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a,
+           [&](double step) { return lamb_tensor(lr, corrections.at(step), false); });
 }
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -263,12 +236,8 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
   a.trust_ratio = !adam;
   a.trust_clip = false;
   BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, [&](size_t t, double step) {
-    const auto& [bc1, bc2] = corrections.at(step);
-    a.c1[t] = 1.0;
-    a.c2[t] = 1.0;
-    a.lr[t] = lr * std::sqrt(bc2) / bc1;
-  });
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a,
+           [&](double step) { return lamb_tensor(lr, corrections.at(step), true); });
 }
 
 }  // namespace fused_optim

@@ -1,15 +1,14 @@
 // The scalar inputs every update op reads the same way: GradScaler's grad_scale / found_inf, the
-// Tensor lr, the float step counters, and Adam's bias corrections of a step count.
+// Tensor lr, the float step counters, and the bias corrections of their step counts.
 #pragma once
 
 #include "simd_blocks.h"
+#include "../shared/bias_correction.h"
 #include "../shared/checks.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include <array>
-#include <cmath>
 #include <optional>
 
 namespace fused_optim {
@@ -65,15 +64,15 @@ inline void write_step(const at::Tensor& s, double value) {
   }
 }
 
-// Adam's bias corrections {1 - beta1^step, 1 - beta2^step} ({1, 1} when disabled) for the step
-// counts of a bucket's tensors in turn, recomputed only when a count differs from the previous
-// one: a bucket's tensors usually share it, and std::pow was ~4% of a LAMB step of 200 small tensors.
+// The bias corrections (csrc/shared/bias_correction.h) of the step counts of a bucket's tensors in
+// turn, recomputed only when a count differs from the previous one: a bucket's tensors usually
+// share it, and pow was ~4% of a LAMB step of 200 small tensors.
 class BiasCorrections {
  public:
   BiasCorrections(double beta1, double beta2, bool enabled) : beta1_(beta1), beta2_(beta2), enabled_(enabled) {}
 
-  const std::array<double, 2>& at(double step) {
-    if (step != step_ && enabled_) bc_ = {1.0 - std::pow(beta1_, step), 1.0 - std::pow(beta2_, step)};
+  const BiasCorrection& at(double step) {
+    if (step != step_) bc_ = bias_correction(beta1_, beta2_, step, enabled_);
     step_ = step;
     return bc_;
   }
@@ -82,7 +81,7 @@ class BiasCorrections {
   double beta1_, beta2_;
   bool enabled_;
   double step_ = -1.0;  // no step count: the first at() computes
-  std::array<double, 2> bc_{1.0, 1.0};
+  BiasCorrection bc_;
 };
 
 }  // namespace fused_optim

@@ -15,45 +15,8 @@
 namespace fused_optim {
 namespace {
 
-template <typename T, Direction D>
-struct SgdMath {
-  using V = FVec<T>;
-  V grad_mul, wd, momentum, one_minus_damp, neg_lr, bound;
-  bool has_wd, wd_after, nesterov, first;
-
-  static V step_of(const V& d) {
-    if constexpr (D == Direction::kSign) {
-      const V zero(0);
-      return d.gt(zero) - d.lt(zero);  // 0 for 0 and NaN, as torch.sign
-    } else {
-      return d;
-    }
-  }
-
-  V decayed(const V& p, const V& g) const {
-    V d = g * grad_mul;
-    if (has_wd && !wd_after) d = at::vec::fmadd(wd, p, d);
-    if constexpr (D == Direction::kClamp) d = at::vec::clamp(d, V(0) - bound, bound);
-    return d;
-  }
-
-  void apply(V& p, V& g) const {
-    V d = decayed(p, g);
-    if (has_wd && wd_after) d = at::vec::fmadd(wd, p, d);
-    p = at::vec::fmadd(neg_lr, step_of(d), p);
-  }
-
-  void apply(V& p, V& g, V& buf) const {
-    V d = decayed(p, g);
-    buf = first ? d : at::vec::fmadd(momentum, buf, one_minus_damp * d);
-    d = nesterov ? at::vec::fmadd(momentum, buf, d) : buf;
-    if (has_wd && wd_after) d = at::vec::fmadd(wd, p, d);
-    p = at::vec::fmadd(neg_lr, step_of(d), p);
-  }
-};
-
 // The update of elements [begin, end) of tensor t, with tensor t's numbers from args.
-template <typename T, Direction D>
+template <typename T, SgdDirection D>
 struct SgdUpdate {
   using scalar_t = T;
   at::TensorList params;
@@ -65,7 +28,7 @@ struct SgdUpdate {
   void operator()(int64_t t, int64_t begin, int64_t end) const {
     using M = opmath_t<T>;
     using V = FVec<T>;
-    const SgdMath<T, D> math{V(static_cast<M>(a.grad_mul[t])),
+    const SgdRule<V, D> rule{V(static_cast<M>(a.grad_mul[t])),
                              V(static_cast<M>(a.weight_decay[t])),
                              V(static_cast<M>(a.momentum)),
                              V(static_cast<M>(1.0 - a.dampening)),
@@ -78,10 +41,10 @@ struct SgdUpdate {
     T* p = ptr<T>(params[t]);
     const T* g = ptr<T>(grads[t]);
     if (a.momentum != 0.0) {
-      for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { math.apply(pv, gv, bv); }, p, g,
+      for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
                         ptr<T>(bufs[t]));
     } else {
-      for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { math.apply(pv, gv); }, p, g);
+      for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
     }
   }
 };
@@ -92,9 +55,12 @@ void with_update(at::TensorList params, const ContiguousTensors& grads, at::Tens
                  const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
   FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
     switch (a.direction) {
-      case Direction::kPlain: return f(SgdUpdate<scalar_t, Direction::kPlain>{params, grads, bufs, first_step, a});
-      case Direction::kSign: return f(SgdUpdate<scalar_t, Direction::kSign>{params, grads, bufs, first_step, a});
-      case Direction::kClamp: return f(SgdUpdate<scalar_t, Direction::kClamp>{params, grads, bufs, first_step, a});
+      case SgdDirection::kPlain:
+        return f(SgdUpdate<scalar_t, SgdDirection::kPlain>{params, grads, bufs, first_step, a});
+      case SgdDirection::kSign:
+        return f(SgdUpdate<scalar_t, SgdDirection::kSign>{params, grads, bufs, first_step, a});
+      case SgdDirection::kClamp:
+        return f(SgdUpdate<scalar_t, SgdDirection::kClamp>{params, grads, bufs, first_step, a});
     }
   });
 }
@@ -129,7 +95,7 @@ void sgd_family_after_norms(at::TensorList params, const ContiguousTensors& grad
 namespace {
 
 // SGD and SignSGD: the same numbers for every tensor.
-void sgd_like(const char* op, Direction direction, at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
+void sgd_like(const char* op, SgdDirection direction, at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
               const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
               bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -150,7 +116,7 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentu
              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sgd_", Direction::kPlain, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
            weight_decay, nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
 }
 
@@ -158,7 +124,7 @@ void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList mo
                   const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                   bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sign_sgd_", Direction::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
            weight_decay, nesterov, false, false, lr_tensor, grad_scale, found_inf);
 }
 

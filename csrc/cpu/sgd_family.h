@@ -1,15 +1,15 @@
 // The SGD family: torch.optim.SGD's momentum update with per-tensor gradient multiplier, weight
 // decay and lr, and a direction that is the momentum result itself (SGD, LARS), its sign
-// (SignSGD), or computed from a clamped gradient (ColossalAI's Lars). Per element, in opmath:
-//   d <- grad_mul[t]*g ; d <- d + wd[t]*p (unless wd_after_momentum) ; d <- clamp(d, -c, c) (kClamp)
-//   buf <- d (first step) | momentum*buf + (1-dampening)*d ; d <- d + momentum*buf (nesterov) | buf
-//   d <- d + wd[t]*p (wd_after_momentum) ; p <- p - lr[t]*(sign(d) (kSign) | d)
+// (SignSGD), or computed from a clamped gradient (ColossalAI's Lars): the per-element rule of
+// csrc/shared/sgd_math.h (SgdRule, shared with the CUDA kernel; the math is written there).
 // sgd.cpp implements it; the ops that only differ in how they choose the per-tensor numbers
 // (sgd_, sign_sgd_, lars_, colossal_lars_) call it after their own checks, LARS through
 // sgd_family_after_norms, which has the numbers set from each tensor's ||p|| and ||g||.
 #pragma once
 
+#include "simd_blocks.h"  // before the shared rule (sgd_math.h)
 #include "../shared/checks.h"
+#include "../shared/sgd_math.h"
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
@@ -19,10 +19,8 @@
 
 namespace fused_optim {
 
-enum class Direction { kPlain, kSign, kClamp };
-
 struct SgdFamily {
-  Direction direction = Direction::kPlain;
+  SgdDirection direction = SgdDirection::kPlain;
   double momentum = 0.0, dampening = 0.0, clamp = 0.0;
   bool nesterov = false, wd_after_momentum = false;
   std::vector<double> grad_mul, weight_decay, lr;  // one per tensor

@@ -2,10 +2,12 @@
 // more streams (a tensor's data: ptr / cptr) in SIMD blocks of at::vec::Vectorized converted to
 // the op's math type (fp32 for fp16/bf16 storage, otherwise the storage type); the tail of a piece
 // is staged through a zero-padded stack buffer so each op writes its math exactly once. Also the
-// dtype dispatch of the kernels (FUSED_OPTIM_DISPATCH_FLOATING).
+// primitives of the shared update rules on those blocks, and the dtype dispatch of the kernels
+// (FUSED_OPTIM_DISPATCH_FLOATING).
 //
 // Include this header before any other that could include ATen/cpu/vec (the capability macros
-// below must come first).
+// below must come first), and before the shared update rules (csrc/shared/*_math.h: the
+// primitives below must be declared where the rules are defined).
 #pragma once
 
 // at::vec picks its SIMD implementation from CPU_CAPABILITY_* macros that torch's own build sets
@@ -40,6 +42,36 @@ template <typename T>
 using opmath_t = at::opmath_type<T>;
 template <typename T>
 using FVec = at::vec::Vectorized<opmath_t<T>>;
+
+// The primitives of the shared update rules (their meaning: csrc/shared/primitives.h, which has
+// the scalar overloads) on at::vec::Vectorized<float/double>.
+template <typename M>
+C10_ALWAYS_INLINE at::vec::Vectorized<M> mul_add(const at::vec::Vectorized<M>& a, const at::vec::Vectorized<M>& b,
+                                                 const at::vec::Vectorized<M>& c) {
+  return at::vec::fmadd(a, b, c);
+}
+
+template <typename M>
+C10_ALWAYS_INLINE at::vec::Vectorized<M> sqrt_of(const at::vec::Vectorized<M>& x) {
+  return x.sqrt();
+}
+
+template <typename M>
+C10_ALWAYS_INLINE at::vec::Vectorized<M> max_of(const at::vec::Vectorized<M>& a, const at::vec::Vectorized<M>& b) {
+  return at::vec::maximum(a, b);
+}
+
+template <typename M>
+C10_ALWAYS_INLINE at::vec::Vectorized<M> clamp_of(const at::vec::Vectorized<M>& x, const at::vec::Vectorized<M>& lo,
+                                                  const at::vec::Vectorized<M>& hi) {
+  return at::vec::clamp(x, lo, hi);
+}
+
+template <typename M>
+C10_ALWAYS_INLINE at::vec::Vectorized<M> sign_of(const at::vec::Vectorized<M>& x) {
+  const at::vec::Vectorized<M> zero(0);
+  return x.gt(zero) - x.lt(zero);  // gt / lt: 1 where true, else 0
+}
 
 // A block is what one iteration loads from each stream: one Vectorized of the math type, or for
 // fp16/bf16 storage one full Vectorized<T> (2x the fp32 lanes) converted into two fp32 halves.

@@ -1,11 +1,11 @@
-// fused_optim::adam_ on CUDA (the CPU twin: csrc/cpu/adam.cpp): torch.optim.Adam / AdamW. Per
-// element, in opmath, with per-tensor step s = steps[t] + 1 read by each block:
-//   g <- ±g / grad_scale ; p <- p*(1 - lr*wd) (decoupled) | g <- g + wd*p (L2)
-//   m <- m + (1-beta1)*(g - m) ; v <- beta2*v + (1-beta2)*g*g ; vmax <- max(vmax, v) (amsgrad)
-//   p <- p - (lr/bc1) * m / (sqrt(v or vmax)/sqrt(bc2) + eps),  bc_i = 1 - beta_i^s (or 1)
-// then steps[t] <- s (increment_steps_launch), all skipped when found_inf is set.
+// fused_optim::adam_ on CUDA (the CPU twin: csrc/cpu/adam.cpp): torch.optim.Adam / AdamW. The
+// math: csrc/shared/adam_math.h per element, bias_correction.h per tensor, with the tensor's step
+// s = steps[t] + 1 read by each block; then steps[t] <- s (increment_steps_launch), all skipped
+// when found_inf is set.
 #include "launch.h"
 #include "multi_tensor_apply.cuh"
+#include "../shared/adam_math.h"
+#include "../shared/bias_correction.h"
 
 namespace fused_optim {
 namespace cuda {
@@ -22,31 +22,25 @@ struct AdamFunctor {
     const Chunk chunk = chunk_of_block(meta);
     const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[kLists][chunk.slot])) + 1.0;
     const double lr = lr_of(a.s);
-    const double bc1 = a.bias_correction ? 1.0 - pow(static_cast<double>(a.beta1), step) : 1.0;
-    const double bc2 = a.bias_correction ? 1.0 - pow(static_cast<double>(a.beta2), step) : 1.0;
+    const AdamStep s = adam_step(lr, bias_correction(a.beta1, a.beta2, step, a.bias_correction));
     const float inv_scale = inv_scale_of(a.s);
-    const M grad_mul = a.maximize ? -inv_scale : inv_scale, wd = a.weight_decay;
-    const M decay_mul = 1.0 - lr * a.weight_decay, neg_step_size = -lr / bc1, inv_bc2_sqrt = 1.0 / sqrt(bc2);
-    const M one_minus_b1 = 1.0 - a.beta1, b2 = a.beta2, one_minus_b2 = 1.0 - a.beta2, eps = a.eps;
-    const bool has_wd = a.weight_decay != 0.f;
+    const AdamRule<M> rule{a.maximize ? -inv_scale : inv_scale,
+                           static_cast<M>(a.weight_decay),
+                           static_cast<M>(decoupled_decay(lr, a.weight_decay)),
+                           static_cast<M>(1.0 - a.beta1),
+                           static_cast<M>(a.beta2),
+                           static_cast<M>(1.0 - a.beta2),
+                           static_cast<M>(a.eps),
+                           static_cast<M>(-s.step_size),
+                           static_cast<M>(s.inv_bc2_sqrt),
+                           a.weight_decay != 0.0,
+                           a.decoupled};
     for_each_element<T, kLists, kLists - 1>(meta, chunk, [&](M(&x)[kLists]) {
-      M &p = x[0], &m = x[1], &v = x[2];
-      M g = x[kLists - 1] * grad_mul;
-      if (has_wd) {
-        if (a.decoupled) {
-          p = p * decay_mul;
-        } else {
-          g = fma(wd, p, g);
-        }
-      }
-      m = fma(one_minus_b1, g - m, m);
-      v = fma(b2, v, one_minus_b2 * g * g);
-      M used = v;
       if constexpr (kAmsgrad) {
-        x[3] = fmax(x[3], v);
-        used = x[3];
+        rule.apply(x[0], x[kLists - 1], x[1], x[2], x[3]);
+      } else {
+        rule.apply(x[0], x[kLists - 1], x[1], x[2]);
       }
-      p = fma(neg_step_size, m / fma(sqrt(used), inv_bc2_sqrt, eps), p);
     });
   }
 };

@@ -16,6 +16,7 @@
 
 #include "../shared/checks.h"
 #include "../shared/sparse_indices.h"
+#include "../shared/trust_ratio.h"
 #include "../shared/update_ops.h"
 #include "launch.h"
 
@@ -221,9 +222,8 @@ void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorL
                         const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
                         double epsilon, bool lars, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                         const OptTensor& found_inf) {
-  constexpr double kGradClamp = 10.0;
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
-  a.clamp = kGradClamp;
+  a.clamp = kColossalLarsGradClamp;
   if (lars) {
     a.trust = cuda::TrustRatio::kColossal;
     a.trust_coefficient = eeta;

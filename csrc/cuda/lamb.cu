@@ -1,72 +1,44 @@
-// LAMB on CUDA (the CPU twin: csrc/cpu/lamb.cpp): lamb_ and colossal_lamb_. Per element, in
-// opmath, with per-tensor step s = steps[t] + 1 read by each block:
-//   g^ <- g / (grad_scale*clip)  clip = G/max_grad_norm if G > max_grad_norm > 0, else 1, with G
-//                               grad_norm/grad_scale or sqrt(grad_sq)/grad_scale (launch.h)
-//   g^ <- g^ + wd*p              (L2 mode)
-//   m <- beta1*m + beta3*g^ ; v <- beta2*v + (1-beta2)*g^^2
-//   u <- (m*c1) / (sqrt(v)*c2 + eps) (+ wd*p in decoupled mode)
-//   r <- ||p||/||u|| (1 if a norm is 0; min(r, 1) with trust_clip) when the trust ratio is on
-//   p <- p - lr_t*r*u
-//   lamb_:          c1 = 1/bc1, c2 = 1/sqrt(bc2), lr_t = lr          (bc_i = 1 - beta_i^s, or 1)
-//   colossal_lamb_: c1 = c2 = 1, lr_t = lr*sqrt(bc2)/bc1
+// LAMB on CUDA (the CPU twin: csrc/cpu/lamb.cpp): lamb_ and colossal_lamb_. The math:
+// csrc/shared/lamb_math.h (per element and per tensor), trust_ratio.h (the trust ratio r), with the
+// tensor's step s = steps[t] + 1 read by each block, and the clipping norm G = grad_norm/grad_scale
+// or sqrt(grad_sq)/grad_scale (launch.h).
 // With the trust ratio, phase 1 updates m and v and writes the chunk partials of ||p||^2 and
 // ||u||^2, sum_chunks adds them per tensor (fixed order), and phase 2 recomputes u from the stored
 // m, v and the untouched p and updates p: no scratch the size of the params, grads untouched.
 // Then the step counters are incremented; everything is skipped when found_inf is set.
 #include "launch.h"
 #include "reduce.cuh"
+#include "../shared/lamb_math.h"
+#include "../shared/trust_ratio.h"
 
 namespace fused_optim {
 namespace cuda {
 namespace {
 
-// The numbers of one tensor, in opmath.
+// The rule and lr_t of one tensor.
 template <typename M>
-struct LambMath {
-  M grad_mul, wd, b1, b3, b2, one_minus_b2, eps, c1, c2, lr;
-  bool has_wd, decoupled;
-
-  __device__ void moments(M p, M g, M& m, M& v) const {
-    M gh = g * grad_mul;
-    if (has_wd && !decoupled) gh = fma(wd, p, gh);
-    m = fma(b1, m, b3 * gh);
-    v = fma(b2, v, one_minus_b2 * gh * gh);
-  }
-
-  __device__ M update(M p, M m, M v) const {
-    M u = (m * c1) / fma(sqrt(v), c2, eps);
-    if (has_wd && decoupled) u = fma(wd, p, u);
-    return u;
-  }
+struct TensorLamb {
+  LambRule<M> rule;
+  double lr;
 };
 
-// The math of the block's tensor; the step counter is the metadata's list `steps_list`.
+// The numbers of the block's tensor; the step counter is the metadata's list `steps_list`.
 template <typename M, int Depth>
-__device__ LambMath<M> lamb_math(const TensorListMetadata<Depth>& meta, const Chunk& chunk, int steps_list,
-                                 const LambArgs& a) {
+__device__ TensorLamb<M> tensor_lamb(const TensorListMetadata<Depth>& meta, const Chunk& chunk, int steps_list,
+                                     const LambArgs& a) {
   const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[steps_list][chunk.slot])) + 1.0;
-  const double bc1 = a.bias_correction ? 1.0 - pow(static_cast<double>(a.beta1), step) : 1.0;
-  const double bc2 = a.bias_correction ? 1.0 - pow(static_cast<double>(a.beta2), step) : 1.0;
-  const double inv_scale = inv_scale_of(a.s), lr = lr_of(a.s);
+  const double inv_scale = inv_scale_of(a.s);
   double grad_mul = inv_scale;
-  if (a.max_grad_norm > 0.f) {
+  if (a.max_grad_norm > 0.0) {
     const double norm = (a.grad_norm != nullptr ? *a.grad_norm : sqrt(*a.grad_sq)) * inv_scale;
-    if (norm > a.max_grad_norm) grad_mul = inv_scale * a.max_grad_norm / norm;
+    grad_mul = lamb_grad_multiplier(inv_scale, norm, a.max_grad_norm);
   }
-  const double c1 = a.colossal ? 1.0 : 1.0 / bc1, c2 = a.colossal ? 1.0 : 1.0 / sqrt(bc2);
-  const double lr_t = a.colossal ? lr * sqrt(bc2) / bc1 : lr;
-  return {static_cast<M>(grad_mul),
-          static_cast<M>(a.weight_decay),
-          static_cast<M>(a.beta1),
-          static_cast<M>(a.beta3),
-          static_cast<M>(a.beta2),
-          static_cast<M>(1.0 - a.beta2),
-          static_cast<M>(a.eps),
-          static_cast<M>(c1),
-          static_cast<M>(c2),
-          static_cast<M>(lr_t),
-          a.weight_decay != 0.0,
-          a.decoupled};
+  const BiasCorrection bc = bias_correction(a.beta1, a.beta2, step, a.bias_correction);
+  const LambTensor numbers = lamb_tensor(lr_of(a.s), bc, a.colossal);
+  return {{static_cast<M>(grad_mul), static_cast<M>(a.weight_decay), static_cast<M>(a.beta1), static_cast<M>(a.beta3),
+           static_cast<M>(a.beta2), static_cast<M>(1.0 - a.beta2), static_cast<M>(a.eps), static_cast<M>(numbers.c1),
+           static_cast<M>(numbers.c2), a.weight_decay != 0.0, a.decoupled},
+          numbers.lr};
 }
 
 // Without the trust ratio, one pass. Lists: params, exp_avgs, exp_avg_sqs (mutable), grads; steps.
@@ -76,10 +48,11 @@ struct LambOnePass {
     using M = opmath_t<T>;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const LambMath<M> math = lamb_math<M>(meta, chunk, 4, a);
+    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, 4, a);
+    const M neg_lr = static_cast<M>(-lamb.lr);
     for_each_element<T, 4, 3>(meta, chunk, [&](M(&x)[4]) {
-      math.moments(x[0], x[3], x[1], x[2]);
-      x[0] = fma(-math.lr, math.update(x[0], x[1], x[2]), x[0]);
+      lamb.rule.moments(x[0], x[3], x[1], x[2]);
+      LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
     });
   }
 };
@@ -96,11 +69,11 @@ struct LambMoments {
     using M = opmath_t<T>;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const LambMath<M> math = lamb_math<M>(meta, chunk, 4, a.lamb);
+    const LambRule<M> rule = tensor_lamb<M>(meta, chunk, 4, a.lamb).rule;
     M acc[2] = {};
     for_each_element<T, 4, 2>(meta, chunk, [&](M(&x)[4]) {
-      math.moments(x[2], x[3], x[0], x[1]);
-      const M u = math.update(x[2], x[0], x[1]);
+      rule.moments(x[2], x[3], x[0], x[1]);
+      const M u = rule.direction(x[2], x[0], x[1]);
       acc[0] = fma(x[2], x[2], acc[0]);
       acc[1] = fma(u, u, acc[1]);
     });
@@ -117,12 +90,13 @@ struct LambTrustedUpdate {
     using M = opmath_t<T>;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const LambMath<M> math = lamb_math<M>(meta, chunk, 3, a.lamb);
-    const double pn = sqrt(a.sums.out[2 * chunk.tensor]), un = sqrt(a.sums.out[2 * chunk.tensor + 1]);
-    double r = pn > 0.0 && un > 0.0 ? pn / un : 1.0;
-    if (a.lamb.trust_clip) r = fmin(r, 1.0);
-    const M neg_lr = -static_cast<double>(math.lr) * r;
-    for_each_element<T, 3, 1>(meta, chunk, [&](M(&x)[3]) { x[0] = fma(neg_lr, math.update(x[0], x[1], x[2]), x[0]); });
+    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, 3, a.lamb);
+    const double r = lamb_trust_ratio(sqrt(a.sums.out[2 * chunk.tensor]), sqrt(a.sums.out[2 * chunk.tensor + 1]),
+                                      a.lamb.trust_clip);
+    const M neg_lr = static_cast<M>(-lamb.lr * r);
+    for_each_element<T, 3, 1>(meta, chunk, [&](M(&x)[3]) {
+      LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
+    });
   }
 };
 

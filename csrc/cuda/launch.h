@@ -10,6 +10,8 @@
 
 #include <cuda_runtime.h>
 
+#include "../shared/sgd_math.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <vector>
@@ -59,8 +61,8 @@ void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t
 // steps.cu: steps[t] += 1 for every t, unless found_inf is set.
 void increment_steps_launch(int64_t n, float* const* steps, const DeviceScalars& scalars, cudaStream_t stream);
 
-// sgd.cu: the SGD family (see sgd.cu for the math).
-enum class SgdDirection { kPlain, kSign, kClamp };
+// sgd.cu: the SGD family (the math: csrc/shared/sgd_math.h, trust_ratio.h).
+using fused_optim::SgdDirection;
 enum class TrustRatio { kNone, kLars, kColossal };
 
 struct SgdArgs {

@@ -1,0 +1,59 @@
+// Adam / AdamW's update per element (torch.optim.Adam's order of operations), on the CPU
+// (csrc/cpu/adam.cpp: V = at::vec::Vectorized<float/double>) and on CUDA (csrc/cuda/adam.cu: V =
+// float/double), in opmath. With the tensor's numbers (step size and 1/sqrt(bc2):
+// bias_correction.h):
+//   g <- grad_mul*g                          (grad_mul = ±1/grad_scale, − when maximize)
+//   p <- p*(1 - lr*wd) (decoupled: AdamW), or g <- g + wd*p (L2: Adam)      (only when wd != 0)
+//   m <- m + (1 - beta1)*(g - m)
+//   v <- beta2*v + (1 - beta2)*g*g
+//   vmax <- max(vmax, v)                     (amsgrad; the update then reads vmax for v)
+//   p <- p - step_size * m / (sqrt(v)*inv_bc2_sqrt + eps)
+// Each x*y + z above is one fused multiply-add (mul_add, primitives.h), (1 - beta2)*g*g is
+// ((1 - beta2)*g)*g.
+#pragma once
+
+#include "host_device.h"
+#include "primitives.h"
+
+namespace fused_optim {
+
+// The decoupled decay factor 1 - lr*wd, on double.
+FUSED_OPTIM_HD double decoupled_decay(double lr, double weight_decay) { return 1.0 - lr * weight_decay; }
+
+template <typename V>
+struct AdamRule {
+  V grad_mul, wd, decay_mul, one_minus_beta1, beta2, one_minus_beta2, eps;
+  V neg_step_size, inv_bc2_sqrt;  // per tensor
+  bool has_wd, decoupled;
+
+  FUSED_OPTIM_HD void apply(V& p, V g, V& m, V& v) const { update(p, m, moments(p, g, m, v)); }
+
+  // amsgrad: vmax is the running maximum of v.
+  FUSED_OPTIM_HD void apply(V& p, V g, V& m, V& v, V& vmax) const {
+    vmax = max_of(vmax, moments(p, g, m, v));
+    update(p, m, vmax);
+  }
+
+ private:
+  // Decays p or g and updates m and v; returns v.
+  FUSED_OPTIM_HD V moments(V& p, V& g, V& m, V& v) const {
+    g = g * grad_mul;
+    if (has_wd) {
+      if (decoupled) {
+        p = p * decay_mul;
+      } else {
+        g = mul_add(wd, p, g);
+      }
+    }
+    m = mul_add(one_minus_beta1, g - m, m);
+    v = mul_add(beta2, v, one_minus_beta2 * g * g);
+    return v;
+  }
+
+  FUSED_OPTIM_HD void update(V& p, const V& m, const V& v_used) const {
+    const V denom = mul_add(sqrt_of(v_used), inv_bc2_sqrt, eps);
+    p = mul_add(neg_step_size, m / denom, p);
+  }
+};
+
+}  // namespace fused_optim

@@ -1,0 +1,63 @@
+// LAMB's update per element (lamb_, colossal_lamb_), on the CPU (csrc/cpu/lamb.cpp: V =
+// at::vec::Vectorized<float/double>) and on CUDA (csrc/cuda/lamb.cu: V = float/double), in
+// opmath, and its per-tensor numbers, on double. Per element:
+//   g^ <- grad_mul*g               (grad_mul = 1/(grad_scale*clip): lamb_grad_multiplier)
+//   g^ <- g^ + wd*p                (L2 mode: lamb_ with adam_w_mode=False; only when wd != 0)
+//   m <- beta1*m + beta3*g^        (beta3 = 1 - beta1, or 1 without grad averaging)
+//   v <- beta2*v + (1 - beta2)*g^*g^
+//   u <- (m*c1) / (sqrt(v)*c2 + eps) (+ wd*p in decoupled mode, when wd != 0)
+//   p <- p - lr_t*r*u              (r: the trust ratio, lamb_trust_ratio in trust_ratio.h, or 1)
+// Per tensor, with bc1, bc2 of its step (bias_correction.h):
+//   lamb_          (apex/ColossalAI FusedLAMB = timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr_t = lr
+//   colossal_lamb_ (ColossalAI Lamb):                       c1 = c2 = 1, lr_t = lr*sqrt(bc2)/bc1
+// Each x*y + z above is one fused multiply-add (mul_add, primitives.h), (1 - beta2)*g^*g^ is
+// ((1 - beta2)*g^)*g^.
+#pragma once
+
+#include "bias_correction.h"
+#include "host_device.h"
+#include "primitives.h"
+
+namespace fused_optim {
+
+template <typename V>
+struct LambRule {
+  V grad_mul, wd, beta1, beta3, beta2, one_minus_beta2, eps;
+  V c1, c2;  // per tensor
+  bool has_wd, decoupled;
+
+  // Updates m and v.
+  FUSED_OPTIM_HD void moments(const V& p, const V& g, V& m, V& v) const {
+    V gh = g * grad_mul;
+    if (has_wd && !decoupled) gh = mul_add(wd, p, gh);
+    m = mul_add(beta1, m, beta3 * gh);
+    v = mul_add(beta2, v, one_minus_beta2 * gh * gh);
+  }
+
+  // u, from the updated m and v.
+  FUSED_OPTIM_HD V direction(const V& p, const V& m, const V& v) const {
+    V u = (m * c1) / mul_add(sqrt_of(v), c2, eps);
+    if (has_wd && decoupled) u = mul_add(wd, p, u);
+    return u;
+  }
+
+  // p <- p - lr_t*r*u, with neg_lr = -lr_t*r.
+  static FUSED_OPTIM_HD void apply(V& p, const V& neg_lr, const V& u) { p = mul_add(neg_lr, u, p); }
+};
+
+struct LambTensor {
+  double c1, c2, lr;
+};
+
+FUSED_OPTIM_HD LambTensor lamb_tensor(double lr, const BiasCorrection& bc, bool colossal) {
+  if (colossal) return {1.0, 1.0, lr * sqrt_of(bc.bc2) / bc.bc1};
+  return {1.0 / bc.bc1, 1.0 / sqrt_of(bc.bc2), lr};
+}
+
+// 1/(grad_scale*clip): clip = G/max_grad_norm when G > max_grad_norm > 0, else 1; G is the global
+// gradient norm, unscaled (divided by grad_scale).
+FUSED_OPTIM_HD double lamb_grad_multiplier(double inv_scale, double grad_norm, double max_grad_norm) {
+  return max_grad_norm > 0.0 && grad_norm > max_grad_norm ? inv_scale * max_grad_norm / grad_norm : inv_scale;
+}
+
+}  // namespace fused_optim

@@ -1,0 +1,36 @@
+// The primitives the shared update rules (*_math.h) use besides + - * /, for the value types the
+// rules are written on: float and double here (CUDA's per-element math, and every per-tensor rule,
+// on double), at::vec::Vectorized<float/double> in csrc/cpu/simd_blocks.h (the CPU's SIMD blocks,
+// declared there before the CPU includes a rule). The overloads of one name mean the same:
+//   mul_add(a, b, c)    a*b + c with one rounding (fused multiply-add)
+//   sqrt_of(x)          the square root
+//   max_of(a, b)        the larger of a and b; NaN when either is NaN (as torch.maximum)
+//   min_of(a, b)        b if b < a, else a (as std::min; per-tensor rules only)
+//   clamp_of(x, lo, hi) x limited to [lo, hi]; NaN stays NaN (as torch.clamp)
+//   sign_of(x)          -1, 0 or 1; 0 for ±0 and NaN (as torch.sign)
+#pragma once
+
+#include "host_device.h"
+
+#include <math.h>
+
+namespace fused_optim {
+
+FUSED_OPTIM_HD float mul_add(float a, float b, float c) { return fmaf(a, b, c); }
+FUSED_OPTIM_HD double mul_add(double a, double b, double c) { return fma(a, b, c); }
+
+FUSED_OPTIM_HD float sqrt_of(float x) { return sqrtf(x); }
+FUSED_OPTIM_HD double sqrt_of(double x) { return sqrt(x); }
+
+FUSED_OPTIM_HD float max_of(float a, float b) { return a != a ? a : a > b ? a : b; }
+FUSED_OPTIM_HD double max_of(double a, double b) { return a != a ? a : a > b ? a : b; }
+
+FUSED_OPTIM_HD double min_of(double a, double b) { return b < a ? b : a; }
+
+FUSED_OPTIM_HD float clamp_of(float x, float lo, float hi) { return x < lo ? lo : hi < x ? hi : x; }
+FUSED_OPTIM_HD double clamp_of(double x, double lo, double hi) { return x < lo ? lo : hi < x ? hi : x; }
+
+FUSED_OPTIM_HD float sign_of(float x) { return x > 0.f ? 1.f : x < 0.f ? -1.f : 0.f; }
+FUSED_OPTIM_HD double sign_of(double x) { return x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0; }
+
+}  // namespace fused_optim
