@@ -87,12 +87,12 @@ class FusedAdam(FusedOptimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
                  adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
-                 fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         decoupled_weight_decay=decoupled_flag(decoupled_weight_decay, adam_w_mode),
                         bias_correction=bias_correction,
                         maximize=maximize)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])

@@ -69,10 +69,11 @@ class CPUAdam(FusedAdam):
     def __init__(self, model_params, lr: float = 1e-3, bias_correction: bool = True,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
                  adamw_mode: bool = True, nvme_offload_fraction: float = 0.0, nvme_offload_dir: str | None = None,
-                 *, set_grad_none: bool = True, fused: bool | None = None):
+                 *, set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None):
         check_flag("adamw_mode", adamw_mode)
         super().__init__(model_params, lr, betas, eps, weight_decay, adam_w_mode=adamw_mode,
-                         bias_correction=bias_correction, set_grad_none=set_grad_none, fused=fused)
+                         bias_correction=bias_correction, set_grad_none=set_grad_none,
+                         master_weights=master_weights, fused=fused)
         self.state_files = StateFiles(self, nvme_offload_fraction, nvme_offload_dir, _OFFLOADED)
 
     def __getstate__(self) -> dict:

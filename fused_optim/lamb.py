@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from .adam import check_moments, decoupled_flag, init_moments
-from .norm import multi_tensor_l2norm
+from .norm import sum_squares_
 from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
                         in_group_terms, is_real)
 
@@ -74,7 +76,7 @@ class FusedLAMB(_LambBase):
                  amsgrad: bool = False, adam_w_mode: bool | None = None, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
                  trust_clip: bool = False, always_adapt: bool = False, decoupled_weight_decay: bool | None = None,
-                 fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None):
         check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
@@ -82,7 +84,7 @@ class FusedLAMB(_LambBase):
                         adam_w_mode=decoupled_flag(decoupled_weight_decay, adam_w_mode), grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
         self._grad_norm = None
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
@@ -103,8 +105,11 @@ class FusedLAMB(_LambBase):
         where = [(gi, i) for gi, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
                  if p.grad is not None]
         grads = [self.param_groups[gi]["params"][i].grad for gi, i in where]
+        # In float64, summed as the kernel sums the grads of a direct call: the same norm either way.
+        sums = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
         try:
-            return multi_tensor_l2norm(grads, fused=False if self.fused is False else None)
+            sum_squares_(sums, grads, [0] * len(grads), fused=False if self.fused is False else None)
+            return sums.sqrt()
         except RuntimeError as exc:
             raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc
 
@@ -148,10 +153,10 @@ class ColossalLamb(_LambBase):
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,
-                 set_grad_none: bool = True, fused: bool | None = None):
+                 set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam,
                         bias_correction=bias_correction)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
 
 
 # ColossalAI's class name, for code and configs written for ColossalAI (the same class).

@@ -27,6 +27,14 @@ the three-valued ``fused`` flag:
 * ``fused=True``: the kernels or an error that says what failed and how to fix it;
 * ``fused=False``: always the reference implementation.
 
+``master_weights=True`` (every optimizer's keyword; a group key when set) gives each fp16/bf16
+param an fp32 master, ``state["master_param"]``, made from the param on its first step; the
+param's other state is fp32 too. A step updates the masters from the half grads (unscaled inside,
+as above) in fp32 and writes each param as its master rounded to nearest even: on the CPU one
+kernel pass reads the grad, updates master and state and writes the param. fp32/fp64 params of
+such a group step as usual. State dicts carry the masters, loaded back in fp32 (torch would cast
+them to the param's dtype).
+
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
 """
@@ -207,7 +215,7 @@ class _Created:
 
 @dataclass
 class _Plan:
-    key: tuple  # (the group's params list, the algorithm's layout): what the lists are built for
+    key: tuple  # what the lists are built for (FusedOptimizer._plan_key)
     has_grad: list[bool]  # which params had a grad when the plan was built
     buckets: list[_Bucket]
     created: list[_Created] = field(default_factory=list)  # state made for this step (undone if it fails)
@@ -239,7 +247,6 @@ class FusedOptimizer(torch.optim.Optimizer):
     op_name: ClassVar[str]
     _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
     _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
-    _reference_update: ClassVar[Callable]  # the op's pure-PyTorch implementation: from the op's spec
     _spec: ClassVar[OpSpec]  # the op's declaration (specs.py)
     # The group's boolean options, checked by check_flag: the op's boolean scalars read from the
     # group (from its spec) and ``extra_flags``, those that are not (or are computed) op scalars.
@@ -256,12 +263,15 @@ class FusedOptimizer(torch.optim.Optimizer):
                                 "fused_optim/specs.py")
             spec = cls._spec = SPECS[cls.op_name]
             cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
-            cls._flags = (*spec.group_flags(), *cls.extra_flags)
-            cls._reference_update = staticmethod(spec.reference)
+            cls._flags = (*spec.group_flags(), *cls.extra_flags, "master_weights")
 
-    def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True):
+    def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True,
+                 master_weights: bool = False):
         if fused not in (None, True, False):
             raise ValueError(f"Invalid fused value: {fused!r} (use None, True or False)")
+        check_flag("master_weights", master_weights)
+        if master_weights:  # (a group without the key has none: state dicts are as before)
+            defaults = {**defaults, "master_weights": True}
         self.fused = fused
         self.set_grad_none = bool(set_grad_none)
         self.implementation: str | None = "reference" if fused is False else None
@@ -330,6 +340,18 @@ class FusedOptimizer(torch.optim.Optimizer):
         for param_state in self.state.values():
             _step_as_tensor(param_state)
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's, except that the state of a param with master weights keeps its fp32 tensors
+        (torch casts every floating-point state tensor to its param's dtype: fp16 here)."""
+        kept = {pid: {k: v for k, v in st.items() if isinstance(v, Tensor) and k != "step"}
+                for pid, st in state_dict["state"].items() if "master_param" in st}
+        super().load_state_dict(state_dict)
+        saved_ids = (pid for g in state_dict["param_groups"] for pid in g["params"])
+        params = (p for g in self.param_groups for p in g["params"])
+        for pid, p in zip(saved_ids, params):
+            for key, value in kept.get(pid, {}).items():
+                self.state[p][key] = value.to(device=p.device)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Like torch's; ``set_to_none=None`` uses the optimizer's ``set_grad_none`` default."""
@@ -444,14 +466,18 @@ class FusedOptimizer(torch.optim.Optimizer):
         plan = self._plans.get(id(group))
         if plan is None or plan.state_version != self.state.version:
             return None
-        return plan if plan.key == (id(group["params"]), self._layout(group)) else None
+        return plan if plan.key == self._plan_key(group) else None
+
+    def _plan_key(self, group: dict) -> tuple:
+        """What a plan's lists are built for: the group's params list, master weights and layout."""
+        return id(group["params"]), bool(group.get("master_weights")), self._layout(group)
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
         has_grad = [g is not None for g in grads]
         plan = self._cached_plan(group)
         if plan is not None and plan.has_grad == has_grad:
             return plan
-        plan = _Plan((id(group["params"]), self._layout(group)), has_grad, [])
+        plan = _Plan(self._plan_key(group), has_grad, [])
         try:
             self._fill_plan(plan, gi, group, grads)
         except BaseException:
@@ -483,7 +509,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if new:
                 state = {}
             before = dict(state)
-            self._init_state(p, state, group)
+            self._init_state(self._master(p, state, group, gi, i), state, group)
             if new and state:  # as torch.optim: a param without state tensors has no entry
                 self.state[p] = state
             if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
@@ -503,6 +529,22 @@ class FusedOptimizer(torch.optim.Optimizer):
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
+
+    @staticmethod
+    def _master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> Tensor:
+        """The tensor the update reads and writes, and whose dtype the state has: with the group's
+        ``master_weights``, an fp16/bf16 param's fp32 master (``state["master_param"]``, made from
+        the param on its first step), else the param."""
+        if p.dtype not in (torch.float16, torch.bfloat16):
+            return p
+        if not group.get("master_weights"):
+            if "master_param" in state:
+                raise RuntimeError(f"param {i} of group {gi} has a master_param in its state, but the group's "
+                                   "master_weights is False; set it back to True, or drop the param's state")
+            return p
+        if "master_param" not in state:
+            state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+        return state["master_param"]
 
     def _kernels_available(self, device_type: str) -> bool:
         """Whether the kernels for ``device_type`` built (building them now if needed); True for
@@ -531,11 +573,12 @@ class FusedOptimizer(torch.optim.Optimizer):
             return f"has dtype {p.dtype}, which has no fused kernel"
         if not p.is_contiguous():
             return "is not contiguous (the kernel never updates a copy)"
+        dtype = state["master_param"].dtype if "master_param" in state else p.dtype  # (_master)
         for name, t in state.items():
             if isinstance(t, Tensor) and name != "step" and not (
-                t.is_contiguous() and t.dtype == p.dtype and t.device == p.device
+                t.is_contiguous() and t.dtype == dtype and t.device == p.device
             ):
-                return f"has state '{name}' that is not a contiguous {p.dtype} tensor on {p.device}"
+                return f"has state '{name}' that is not a contiguous {dtype} tensor on {p.device}"
         return None
 
     def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
@@ -559,7 +602,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                     raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
                 self._fallback(mismatch)
         self._check_grads(bucket, grads, gi)
-        self._reference_update(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+        self._spec.run_reference(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
         return "reference"
 
     def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:

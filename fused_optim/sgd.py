@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_lr, check_nonnegative
+from .optimizer import FusedOptimizer, check_flag, check_lr, check_nonnegative
 
 
 class MomentumOptimizer(FusedOptimizer):
@@ -30,6 +30,19 @@ class MomentumOptimizer(FusedOptimizer):
         # None is torch.optim.SGD's "no buffer yet" (a param that never stepped with momentum).
         if group["momentum"] != 0 and state.get("momentum_buffer") is None:
             state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
+
+
+def _master_weights_flag(master_weights: bool | None, materialize_master_grads: bool) -> bool:
+    """``master_weights``, or apex's ``materialize_master_grads=False`` saying the same; both
+    given, they must agree."""
+    check_flag("materialize_master_grads", materialize_master_grads)
+    if master_weights is None:
+        return not materialize_master_grads
+    check_flag("master_weights", master_weights)
+    if not materialize_master_grads and not master_weights:
+        raise ValueError("Invalid master_weights value: False contradicts materialize_master_grads=False (which "
+                         "means master weights); give one of them")
+    return bool(master_weights)
 
 
 class FusedSGD(MomentumOptimizer):
@@ -60,11 +73,13 @@ class FusedSGD(MomentumOptimizer):
         momentum, dampening, weight_decay: μ, d, λ (>= 0).
         nesterov: Nesterov momentum (needs μ > 0 and d = 0).
         wd_after_momentum: add the weight decay after the momentum update (apex option).
-        materialize_master_grads: apex/ColossalAI compatibility; it only matters for fp16 params
-            with fp32 master weights. The kernel always unscales the grads it is given in place of
-            materializing unscaled copies, so both values give the same update here.
+        materialize_master_grads: apex/ColossalAI's flag: False means master weights (the kernel
+            reads the fp16 grads and updates fp32 masters, materializing no fp32 grads), i.e.
+            ``master_weights=True``; True (default) leaves ``master_weights`` to decide.
         set_grad_none: default of ``zero_grad(set_to_none=None)`` (apex's default: False).
         maximize: maximize the objective instead of minimizing it.
+        master_weights: fp32 master weights for fp16/bf16 params (see :class:`FusedOptimizer`);
+            None (default): ``not materialize_master_grads``.
         fused: None (kernels when possible), True (kernels or error), False (reference).
     """
 
@@ -74,8 +89,9 @@ class FusedSGD(MomentumOptimizer):
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
                  materialize_master_grads: bool = True, set_grad_none: bool = False, *,
-                 maximize: bool = False, fused: bool | None = None):
+                 maximize: bool = False, master_weights: bool | None = None, fused: bool | None = None):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize,
                         materialize_master_grads=materialize_master_grads)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none,
+                         master_weights=_master_weights_flag(master_weights, materialize_master_grads))

@@ -56,7 +56,7 @@ class SparsifiedSGD(FusedOptimizer):
 
     def __init__(self, params, lr: float, weight_decay: float = 0.0, sparse_grad_size: int = 10,
                  random_sparse: bool = False, *, seed: int | None = None, set_grad_none: bool = True,
-                 fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None):
         self.generator = torch.Generator()
         if seed is None:
             self.generator.seed()
@@ -64,7 +64,7 @@ class SparsifiedSGD(FusedOptimizer):
             self.generator.manual_seed(seed)
         defaults = dict(lr=lr, weight_decay=weight_decay, sparse_grad_size=sparse_grad_size,
                         random_sparse=random_sparse)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])

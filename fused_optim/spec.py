@@ -7,6 +7,8 @@ An update op takes ``(params, grads, <state lists>, <per-step lists>, *, <scalar
 * the state lists: the op's argument name and the torch.optim state name each element comes from
   (``momentum_buffers`` holds each param's ``state["momentum_buffer"]``), and the group option
   without which the list is passed empty (``momentum``: SGD keeps no buffer without momentum);
+  every op's last state list is ``master_params`` (:data:`MASTER_PARAMS`, added here), the fp32
+  master weights of fp16/bf16 params;
 * the per-step lists (schema type and name): ``bool[] first_step`` is the only kind, one flag per
   param, True on its first step;
 * the keyword scalars: schema type, optional schema default, and where an optimizer takes the
@@ -23,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 AMP_ARGS = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
 
 
@@ -36,12 +40,22 @@ class StateList:
     state_key: str
     sample: str = "any"
     when: str | None = None  # a group key: the list is passed empty when the group's value is falsy
+    optional: bool = False  # passed empty, too, for params without this state or groups without `when`
 
     def of(self, group: dict, states: list[dict]) -> list:
         """The list an optimizer passes for the params of ``states`` in ``group``."""
-        if self.when is not None and not group[self.when]:
+        if self.when is not None and not (group.get(self.when) if self.optional else group[self.when]):
+            return []
+        if self.optional and not all(self.state_key in st for st in states):
             return []
         return [st[self.state_key] for st in states]
+
+
+# The fp32 master weights of fp16/bf16 params in a group with ``master_weights`` (fp32 and fp64
+# params have none: the list is empty for them). With masters, an op reads the params' grads,
+# updates the masters and the (fp32) state, and writes each param as its master rounded to
+# nearest even; without, it updates the params. The op tests fill it as "master" says (empty).
+MASTER_PARAMS = StateList("master_params", "master_param", "master", when="master_weights", optional=True)
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,7 @@ class OpSpec:
     sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "state", (*self.state, MASTER_PARAMS))
         names = {s.name for s in self.scalars if not s.type.endswith("?")}
         if set(self.sample_scalars) != names:
             raise ValueError(f"OpSpec {self.name}: sample_scalars must give a value for each scalar that is "
@@ -86,6 +101,19 @@ class OpSpec:
             "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
             "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
         }
+
+    def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
+        """The reference implementation, called as the op is: with master weights (the last state
+        list non-empty) it updates the masters from the grads in fp32, then writes each param as
+        its master rounded (skipped with the step when ``found_inf`` is set)."""
+        count = len(self.state)
+        masters = lists[count - 1]
+        if not masters:
+            return self.reference(params, grads, *lists[:count - 1], *lists[count:], **kwargs)
+        self.reference(masters, [g.float() for g in grads], *lists[:count - 1], *lists[count:], **kwargs)
+        found_inf = kwargs.get("found_inf")
+        if found_inf is None or not bool(found_inf.item()):
+            torch._foreach_copy_(params, masters)
 
     def lists(self, group: dict, states: list[dict], fresh: list[bool]) -> tuple[tuple, tuple]:
         """``(state lists, per-step lists)``: the op's arguments after params and grads for the

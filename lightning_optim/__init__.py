@@ -7,12 +7,15 @@
   returns), τ-driven LR schedules, a τ target, logging, checkpoints.
 * :class:`StepSchedulerCLI`: ``LightningCLI`` whose ``--lr_scheduler`` steps per update, so
   ``AdaScaleCallback`` drives it by τ.
+* :class:`ScaledHalfPrecision`: ``precision="16-true"`` with a dynamic loss scale, for fp16
+  models whose optimizer keeps fp32 master weights (``master_weights=True``).
 * Strategies by name (registered on import): ``"adascale_ddp"``, ``"adascale_ddp_spawn"``
   (:class:`AdaScaleDDPStrategy`).
 """
 
 from .callback import AdaScaleCallback
 from .cli import StepSchedulerCLI
+from .precision import ScaledHalfPrecision
 from .strategy import AdaScaleDDPStrategy
 
-__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "StepSchedulerCLI"]
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "ScaledHalfPrecision", "StepSchedulerCLI"]

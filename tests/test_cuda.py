@@ -13,7 +13,6 @@ checks the emulation itself)."""
 
 import contextlib
 import copy
-import inspect
 from dataclasses import dataclass
 
 import pytest
@@ -21,10 +20,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import fused_optim
-from fused_optim import _build, _reference
-from fused_optim.registry import create_optimizer, get_spec, list_optimizers
+from fused_optim import _build
+from fused_optim.specs import SPECS
+from fused_optim.registry import create_optimizer, list_optimizers
 from test_ops import SCALARS, assert_stores_round_like_torch, sample_args, same_draws
-from utils import assert_state_close, clone_groups, make_groups, set_grads
+from utils import assert_state_close, clone_groups, make_groups, optimizer_kwargs, set_grads
 
 CUDA = torch.device("cuda")
 
@@ -126,7 +126,7 @@ def test_cuda_kernel_equals_reference_and_cpu_kernel(backend, op, dtype, offset)
     ref_args = _to(args, backend.device)
     getattr(torch.ops.fused_optim, op)(*cpu_args, **same_draws(kwargs))
     backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
-    getattr(_reference, op)(*ref_args, **_kwargs_on(kwargs, backend.device))
+    SPECS[op].run_reference(*ref_args, **_kwargs_on(kwargs, backend.device))
     assert cuda_args[0][1].device.type == backend.device.type
     _assert_same(cuda_args, cpu_args, dtype, f"{op}: CUDA vs CPU kernel")
     if op == "sign_sgd_":
@@ -167,7 +167,9 @@ def test_more_tensors_and_chunks_than_one_launch_holds(backend, op):
     new = []
     for k in range(n_lists):
         lst = args[k]
-        if isinstance(lst[0], bool):
+        if not lst:  # master_params
+            new.append([])
+        elif isinstance(lst[0], bool):
             new.append([False] * len(sizes))
         elif lst[0].dim() == 0:  # step counters
             new.append([torch.tensor(3.0) for _ in sizes])
@@ -222,15 +224,6 @@ class _OpsCalled(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _optimizer_kwargs(name: str) -> dict:
-    """Hyperparameters that switch the registered optimizer's math on, for those of its class's
-    constructor that take them (momentum, weight decay: with it LARS and LAMB use trust ratios; a
-    seed: both optimizers then draw the same coordinates)."""
-    accepted = inspect.signature(get_spec(name).cls).parameters
-    wanted = {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01, "seed": 0}
-    return {k: v for k, v in wanted.items() if k in accepted}
-
-
 @pytest.mark.parametrize("name", list_optimizers())
 def test_every_registered_optimizer_steps_on_cuda_like_on_the_cpu(backend, name):
     """20 steps over three groups (odd shapes, a second group with its own lr, an empty one; a param
@@ -238,7 +231,7 @@ def test_every_registered_optimizer_steps_on_cuda_like_on_the_cpu(backend, name)
     after each step equal the CPU kernels'. Tolerance: fp32
     updates differ in fused multiply-adds and, for the trust ratios, in the norms' summation order
     (~1 ulp per step); 20 steps accumulate at most ~20 ulps of the tensor's scale."""
-    kwargs = _optimizer_kwargs(name)
+    kwargs = optimizer_kwargs(name)
     layout = make_groups(small=12)
     on_cpu, on_device = clone_groups(layout, kwargs["lr"]), clone_groups(layout, kwargs["lr"])
     for group in on_device:

@@ -108,11 +108,11 @@ def test_grads_of_another_dtype_fall_back_with_a_warning():
 def test_kernel_rejects_mismatched_lists_without_touching_anything():
     p, g = torch.ones(4), torch.ones(3)
     with pytest.raises(RuntimeError, match=r"grads\[0\].*does not match its param"):
-        torch.ops.fused_optim.sgd_([p], [g], [], [], lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0,
+        torch.ops.fused_optim.sgd_([p], [g], [], [], [], lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0,
                                    nesterov=False, maximize=False, wd_after_momentum=False)
     buf = torch.ones(4, 2).t()  # non-contiguous state: the kernel refuses to update it
     with pytest.raises(RuntimeError, match=r"momentum_buffers\[0\] must be a dense contiguous tensor"):
-        torch.ops.fused_optim.sgd_([torch.ones(2, 4)], [torch.ones(2, 4)], [buf], [False], lr=0.1, momentum=0.9,
+        torch.ops.fused_optim.sgd_([torch.ones(2, 4)], [torch.ones(2, 4)], [buf], [], [False], lr=0.1, momentum=0.9,
                                    dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
                                    wd_after_momentum=False)
     assert torch.equal(p, torch.ones(4))

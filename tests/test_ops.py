@@ -17,7 +17,10 @@ PER_STEP_SAMPLES = {"bool[]": lambda count: [k % 3 == 0 for k in range(count)]} 
 
 def sample_state_list(state: StateList, dtype, sizes) -> list:
     """One state list: step counters 0, 1, 2, 0, …; moments that must be >= 0 uniform in [0, 1);
-    others (momentum buffers, memories) normal."""
+    master weights none (tests/test_master_weights.py has them); others (momentum buffers,
+    memories) normal."""
+    if state.sample == "master":
+        return []
     if state.sample == "counter":
         return [torch.tensor(float(k % 3)) for k in range(len(sizes))]
     make = torch.rand if state.sample == "nonnegative" else torch.randn
@@ -79,7 +82,7 @@ def test_kernel_equals_reference_on_the_op_level(op, layout, threads):
         getattr(torch.ops.fused_optim, op)(*args, **kwargs)
     finally:
         torch.set_num_threads(2)  # the session's setting (conftest)
-    SPECS[op].reference(*ref_args, **same_draws(kwargs))
+    SPECS[op].run_reference(*ref_args, **same_draws(kwargs))
     for a, b in zip(args, ref_args):
         for x, y in zip(a, b):
             if isinstance(x, torch.Tensor):
@@ -187,8 +190,8 @@ def assert_stores_round_like_torch(sgd, dtype, lr: float, device="cpu") -> torch
     kw = dict(lr=lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False,
               wd_after_momentum=False)
     low, in_fp32 = p.to(device), p.float().to(device)
-    sgd([low], [g.to(device)], [], [], **kw)
-    sgd([in_fp32], [g.float().to(device)], [], [], **kw)
+    sgd([low], [g.to(device)], [], [], [], **kw)
+    sgd([in_fp32], [g.float().to(device)], [], [], [], **kw)
     low, in_fp32 = low.cpu(), in_fp32.cpu()
     expected = in_fp32.to(dtype)
     nan = expected.isnan()

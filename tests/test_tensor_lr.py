@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fused_optim
-from fused_optim import _reference
+from fused_optim.specs import SPECS
 from test_ops import SCALARS, sample_args, same_draws
 
 
@@ -18,7 +18,7 @@ def test_ops_read_lr_tensor_instead_of_lr(op):
     getattr(torch.ops.fused_optim, op)(*with_float, **same_draws(kwargs))
     tensor_kwargs = {**same_draws(kwargs), "lr": 123.0, "lr_tensor": torch.tensor(kwargs["lr"], dtype=torch.float64)}
     getattr(torch.ops.fused_optim, op)(*with_tensor, **tensor_kwargs)
-    getattr(_reference, op)(*reference, **{**tensor_kwargs, **same_draws(kwargs), "lr": 123.0})
+    SPECS[op].run_reference(*reference, **{**tensor_kwargs, **same_draws(kwargs), "lr": 123.0})
     for a, b, c in zip(with_float, with_tensor, reference):
         for x, y, z in zip(a, b, c):
             if isinstance(x, torch.Tensor):

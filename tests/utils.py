@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+
+from fused_optim.registry import get_spec
 
 SMALL = 300  # many small tensors in one group
 
@@ -92,3 +96,12 @@ def assert_state_close(ours, theirs, rtol, label=""):
             actual.append(s_ours[k])
             expected.append(s_theirs[k])
     assert_pairs_close(names, actual, expected, rtol)
+
+
+def optimizer_kwargs(name: str) -> dict:
+    """Hyperparameters that switch registry entry ``name``'s math on, for those its class's
+    constructor takes (momentum, weight decay: with it LARS and LAMB use trust ratios; a seed:
+    two optimizers then draw the same coordinates)."""
+    accepted = inspect.signature(get_spec(name).cls).parameters
+    wanted = {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01, "seed": 0}
+    return {k: v for k, v in wanted.items() if k in accepted}

@@ -8,6 +8,7 @@
 // its sums, while it is in the cache.
 #include "simd_blocks.h"  // before the shared rule (lamb_math.h)
 #include "fixed_order_sums.h"
+#include "master_weights.h"
 #include "multi_tensor.h"
 #include "op_args.h"
 #include "ops.h"
@@ -86,13 +87,14 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   return lamb_grad_multiplier(a.inv_scale, norm, a.max_grad_norm);
 }
 
-template <typename T>
-void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::TensorList exp_avgs,
+// T: the params' and grads' dtype; S: that of the values updated and the moments (master_weights.h).
+template <typename T, typename S>
+void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList exp_avgs,
                 at::TensorList exp_avg_sqs, const Lamb& a) {
   using M = opmath_t<T>;
   using V = FVec<T>;
-  const size_t n = params.size();
-  const auto numels = numels_of(params);
+  const size_t n = params.model.size();
+  const auto numels = numels_of(params.model);
   const double grad_mul = grad_multiplier<T>(grads, numels, a);
   auto rule_of = [&](size_t t) {
     return LambRule<V>{V(static_cast<M>(grad_mul)),
@@ -119,11 +121,11 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
             rule.moments(p, g, m, v);
             rule.apply(p, step, rule.direction(p, m, v));
           },
-          ptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+          param_stream<T, S>(params, t), cptr<T>(grads[t]), ptr<S>(exp_avgs[t]), ptr<S>(exp_avg_sqs[t]));
     });
     return;
   }
-  const KeptU<T> kept_u(numels);
+  const KeptU<S> kept_u(numels);
   multi_tensor_two_pass<2>(
       numels,
       [&](int64_t t, int64_t begin, int64_t end, Placement where) {
@@ -143,7 +145,7 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
                 keep += V::size();
               }
             },
-            cptr<T>(params[t]), cptr<T>(grads[t]), ptr<T>(exp_avgs[t]), ptr<T>(exp_avg_sqs[t]));
+            cptr<S>(params.values()[t]), cptr<T>(grads[t]), ptr<S>(exp_avgs[t]), ptr<S>(exp_avg_sqs[t]));
         return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
       },
       [&](int64_t t, const std::array<double, 2>& sums) {
@@ -159,39 +161,43 @@ void lamb_typed(at::TensorList params, const ContiguousTensors& grads, at::Tenso
                 LambRule<V>::apply(p, step, V::loadu(kept));
                 kept += V::size();
               },
-              ptr<T>(params[t]));
+              param_stream<T, S>(params, t));
           return;
         }
         const auto rule = rule_of(t);
         for_each_block<T>(
             begin, end, [&](auto& p, auto& m, auto& v) { rule.apply(p, step, rule.direction(p, m, v)); },
-            ptr<T>(params[t]), cptr<T>(exp_avgs[t]), cptr<T>(exp_avg_sqs[t]));
+            param_stream<T, S>(params, t), cptr<S>(exp_avgs[t]), cptr<S>(exp_avg_sqs[t]));
       });
 }
 
 // Checks, the per-tensor step counters, and the update. per_tensor(step) gives a.tensors[t].
 template <typename PerTensor>
-void run_lamb(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
-              at::TensorList exp_avg_sqs, at::TensorList steps, Lamb& a, const PerTensor& per_tensor) {
+void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
+              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, Lamb& a,
+              const PerTensor& per_tensor) {
+  const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
-  check_steps(op, params, steps);
-  const size_t n = params.size();
+  check_steps(op, model, steps);
+  const size_t n = model.size();
   a.tensors.resize(n);
   a.new_step.resize(n);
   for (size_t t = 0; t < n; ++t) {
     a.new_step[t] = read_step(steps[t]) + 1.0;
     a.tensors[t] = per_tensor(a.new_step[t]);
   }
-  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::lamb",
-                                [&] { lamb_typed<scalar_t>(params, grads, exp_avgs, exp_avg_sqs, a); });
+  dispatch_update(params, [&](auto types) {
+    lamb_typed<typename decltype(types)::grad_t, typename decltype(types)::state_t>(params, grads, exp_avgs,
+                                                                                   exp_avg_sqs, a);
+  });
   for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
 }
 
 }  // namespace
 
 void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
+              at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+              double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
               bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {
@@ -214,12 +220,12 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
   a.trust_ratio = use_nvlamb || weight_decay != 0.0;
   a.trust_clip = trust_clip;
   BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a,
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a,
            [&](double step) { return lamb_tensor(lr, corrections.at(step), false); });
 }
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                       at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+                       at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps, double weight_decay,
                        bool adam, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -236,7 +242,7 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
   a.trust_ratio = !adam;
   a.trust_clip = false;
   BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a,
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a,
            [&](double step) { return lamb_tensor(lr, corrections.at(step), true); });
 }
 

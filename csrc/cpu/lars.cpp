@@ -11,16 +11,18 @@
 
 namespace fused_optim {
 
-void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs, const c10::List<bool>& first_step,
+void lars_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
+              const c10::List<bool>& first_step,
               double lr, double momentum, double dampening, double weight_decay, bool nesterov,
               double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
-  if (amp.skip || params.empty()) return;
+  if (amp.skip || model.empty()) return;
+  const UpdatedParams params = checked_params("lars_", model, masters);
   const auto grads = check_sgd_inputs("lars_", params, grads_in, bufs, first_step, momentum);
-  const size_t n = params.size();
+  const size_t n = model.size();
   SgdFamily args{SgdDirection::kPlain, momentum, dampening, 0.0, nesterov, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr)};
   if (weight_decay == 0.0 && !always_adapt) return sgd_family(params, grads, bufs, first_step, args);
@@ -32,15 +34,16 @@ void lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList buf
   });
 }
 
-void colossal_lars_cpu(at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
+void colossal_lars_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
                        const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
                        double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
-  if (amp.skip || params.empty()) return;
+  if (amp.skip || model.empty()) return;
+  const UpdatedParams params = checked_params("colossal_lars_", model, masters);
   const auto grads = check_sgd_inputs("colossal_lars_", params, grads_in, bufs, first_step, momentum);
-  const size_t n = params.size();
+  const size_t n = model.size();
   SgdFamily args{SgdDirection::kClamp, momentum, 0.0, kColossalLarsGradClamp, false, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
                  std::vector<double>(n, lr)};

@@ -2,6 +2,7 @@
 //   sgd_      torch.optim.SGD (fused_optim/sgd.py)
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
 #include "fixed_order_sums.h"
+#include "master_weights.h"
 #include "multi_tensor.h"
 #include "op_args.h"
 #include "ops.h"
@@ -15,11 +16,13 @@
 namespace fused_optim {
 namespace {
 
-// The update of elements [begin, end) of tensor t, with tensor t's numbers from args.
-template <typename T, SgdDirection D>
+// The update of elements [begin, end) of tensor t, with tensor t's numbers from args; T the
+// params' and grads' dtype, S that of the values updated and the buffers (master_weights.h).
+template <typename T, typename S, SgdDirection D>
 struct SgdUpdate {
-  using scalar_t = T;
-  at::TensorList params;
+  using grad_t = T;
+  using state_t = S;
+  const UpdatedParams& params;
   const ContiguousTensors& grads;
   at::TensorList bufs;
   const c10::List<bool>& first_step;
@@ -38,51 +41,54 @@ struct SgdUpdate {
                              a.wd_after_momentum,
                              a.nesterov,
                              !first_step.empty() && first_step[t]};
-    T* p = ptr<T>(params[t]);
+    const auto p = param_stream<T, S>(params, t);
     const T* g = ptr<T>(grads[t]);
     if (a.momentum != 0.0) {
       for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
-                        ptr<T>(bufs[t]));
+                        ptr<S>(bufs[t]));
     } else {
       for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
     }
   }
 };
 
-// f(update) with the SgdUpdate of the params' dtype and the direction.
+// f(update) with the SgdUpdate of the params' types and the direction.
 template <typename F>
-void with_update(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
+void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                  const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
-  FUSED_OPTIM_DISPATCH_FLOATING(params[0].scalar_type(), "fused_optim::sgd_family", [&] {
+  dispatch_update(params, [&](auto types) {
+    using T = typename decltype(types)::grad_t;
+    using S = typename decltype(types)::state_t;
     switch (a.direction) {
       case SgdDirection::kPlain:
-        return f(SgdUpdate<scalar_t, SgdDirection::kPlain>{params, grads, bufs, first_step, a});
+        return f(SgdUpdate<T, S, SgdDirection::kPlain>{params, grads, bufs, first_step, a});
       case SgdDirection::kSign:
-        return f(SgdUpdate<scalar_t, SgdDirection::kSign>{params, grads, bufs, first_step, a});
+        return f(SgdUpdate<T, S, SgdDirection::kSign>{params, grads, bufs, first_step, a});
       case SgdDirection::kClamp:
-        return f(SgdUpdate<scalar_t, SgdDirection::kClamp>{params, grads, bufs, first_step, a});
+        return f(SgdUpdate<T, S, SgdDirection::kClamp>{params, grads, bufs, first_step, a});
     }
   });
 }
 
 }  // namespace
 
-void sgd_family(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
+void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                 const c10::List<bool>& first_step, const SgdFamily& args) {
-  if (params.empty()) return;
+  if (params.model.empty()) return;
   with_update(params, grads, bufs, first_step, args,
-              [&](const auto& update) { multi_tensor_apply(numels_of(params), update); });
+              [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
 }
 
-void sgd_family_after_norms(at::TensorList params, const ContiguousTensors& grads, at::TensorList bufs,
+void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                             const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set) {
-  if (params.empty()) return;
+  if (params.model.empty()) return;
   with_update(params, grads, bufs, first_step, args, [&](const auto& update) {
-    using T = typename std::decay_t<decltype(update)>::scalar_t;
+    using T = typename std::decay_t<decltype(update)>::grad_t;
+    using S = typename std::decay_t<decltype(update)>::state_t;
     multi_tensor_two_pass<2>(
-        numels_of(params),
+        numels_of(params.model),
         [&](int64_t t, int64_t begin, int64_t end, Placement) {
-          return std::array<double, 2>{sum_of_squares(cptr<T>(params[t]), begin, end),
+          return std::array<double, 2>{sum_of_squares(cptr<S>(params.values()[t]), begin, end),
                                        sum_of_squares(cptr<T>(grads[t]), begin, end)};
         },
         [&](int64_t t, const std::array<double, 2>& sums) {
@@ -95,15 +101,16 @@ void sgd_family_after_norms(at::TensorList params, const ContiguousTensors& grad
 namespace {
 
 // SGD and SignSGD: the same numbers for every tensor.
-void sgd_like(const char* op, SgdDirection direction, at::TensorList params, at::TensorList grads_in, at::TensorList bufs,
-              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
+              at::TensorList masters, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
               bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
-  if (amp.skip || params.empty()) return;
+  if (amp.skip || model.empty()) return;
+  const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, momentum);
-  const size_t n = params.size();
+  const size_t n = model.size();
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
                  std::vector<double>(n, weight_decay), std::vector<double>(n, lr)};
@@ -113,18 +120,18 @@ void sgd_like(const char* op, SgdDirection direction, at::TensorList params, at:
 }  // namespace
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-             const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+             at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening,
            weight_decay, nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
 }
 
 void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                  const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+                  at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                   bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, first_step, lr, momentum, dampening,
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening,
            weight_decay, nesterov, false, false, lr_tensor, grad_scale, found_inf);
 }
 

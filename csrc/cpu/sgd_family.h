@@ -27,15 +27,15 @@ struct SgdFamily {
 };
 
 // The update, on inputs already checked by check_sgd_inputs.
-void sgd_family(at::TensorList params, const ContiguousTensors& grads, at::TensorList momentum_buffers,
+void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList momentum_buffers,
                 const c10::List<bool>& first_step, const SgdFamily& args);
 
-// set(t, ||p[t]||, ||g[t]||) changes args' numbers of tensor t (grads as stored: not unscaled).
+// set(t, ||p[t]||, ||g[t]||) (p: the values updated, masters if any) changes args' numbers of tensor t (grads as stored: not unscaled).
 using SetNumbers = std::function<void(size_t t, double param_norm, double grad_norm)>;
 
 // The update after the norms: one two-pass launch (multi_tensor_two_pass) whose first pass sums
 // ||p||^2 and ||g||^2 per tensor; set() runs once per non-empty tensor, before its update.
-void sgd_family_after_norms(at::TensorList params, const ContiguousTensors& grads,
+void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads,
                             at::TensorList momentum_buffers, const c10::List<bool>& first_step, const SgdFamily& args,
                             const SetNumbers& set);
 

@@ -128,52 +128,129 @@ C10_ALWAYS_INLINE void store_block(T* p, const Block<T>& b) {
   }
 }
 
-// Read-only streams (const pointers) are never written back.
-template <typename T>
-C10_ALWAYS_INLINE void store_block(const T*, const Block<T>&) {}
+// A stream of for_each_block is a pointer to its elements (a const pointer: read-only, never
+// written back) or a MasterStream. Each is read and written as blocks of the loop's lead type T
+// (the grads' dtype): a float stream under fp16/bf16 grads (fp32 state, or fp32 master weights)
+// moves kHalves<T> fp32 vectors per block, so every stream of a block holds the same elements.
+template <typename T, typename U>
+C10_ALWAYS_INLINE Block<T> load_as(const U* p) {
+  if constexpr (std::is_same_v<U, T>) {
+    return load_block(p);
+  } else {
+    static_assert(std::is_same_v<U, float> && kHalves<T> == 2, "a stream is of the lead type, or fp32 under fp16/bf16");
+    Block<T> b;
+    b.v[0] = FVec<T>::loadu(p);
+    b.v[1] = FVec<T>::loadu(p + FVec<T>::size());
+    return b;
+  }
+}
 
-template <typename T, typename Body, typename Tuple, size_t... I>
-C10_ALWAYS_INLINE void run_block(const Body& body, const Tuple& ptrs, int64_t i, std::index_sequence<I...>) {
-  auto vals = std::make_tuple(load_block(std::get<I>(ptrs) + i)...);
+template <typename T, typename U>
+C10_ALWAYS_INLINE void store_as(U* p, const Block<T>& b) {
+  if constexpr (std::is_same_v<U, T>) {
+    store_block(p, b);
+  } else {
+    b.v[0].store(p);
+    b.v[1].store(p + FVec<T>::size());
+  }
+}
+
+template <typename T, typename U>
+C10_ALWAYS_INLINE void store_as(const U*, const Block<T>&) {}
+
+// Master weights: the update reads and writes the fp32 master; each stored block is also written,
+// rounded to nearest even, to the fp16/bf16 param (never read: the master is the value).
+template <typename T>
+struct MasterStream {
+  float* master;
+  T* model;
+};
+
+template <typename U>
+C10_ALWAYS_INLINE U* advance(U* p, int64_t i) {
+  return p + i;
+}
+
+template <typename T>
+C10_ALWAYS_INLINE MasterStream<T> advance(const MasterStream<T>& s, int64_t i) {
+  return {s.master + i, s.model + i};
+}
+
+template <typename T, typename U>
+C10_ALWAYS_INLINE Block<T> load_as(const MasterStream<U>& s) {
+  return load_as<T>(s.master);
+}
+
+template <typename T, typename U>
+C10_ALWAYS_INLINE void store_as(const MasterStream<U>& s, const Block<T>& b) {
+  store_as<T>(s.master, b);
+  store_block(s.model, b);
+}
+
+template <typename T, typename Body, typename... Stream, size_t... I>
+C10_ALWAYS_INLINE void run_block(const Body& body, int64_t i, std::index_sequence<I...>, const Stream&... streams) {
+  auto vals = std::make_tuple(load_as<T>(advance(streams, i))...);
   for (int h = 0; h < kHalves<T>; ++h) body(std::get<I>(vals).v[h]...);
-  (store_block(std::get<I>(ptrs) + i, std::get<I>(vals)), ...);
+  (store_as<T>(advance(streams, i), std::get<I>(vals)), ...);
 }
 
-template <typename T>
-inline void copy_back(T* dst, const T* src, int64_t n) {
-  std::memcpy(dst, src, n * sizeof(T));
+// The tail of a piece, staged through zero-padded buffers of L elements: `in` copies n elements
+// of a stream in and returns the stream over the buffer; `out` copies them back (mutable streams).
+template <typename Stream, int64_t L>
+struct Staging;
+
+template <typename U, int64_t L>
+struct Staging<U*, L> {
+  std::array<U, L> buf{};
+  U* in(U* p, int64_t n) {
+    std::memcpy(buf.data(), p, n * sizeof(U));
+    return buf.data();
+  }
+  void out(U* p, int64_t n) const { std::memcpy(p, buf.data(), n * sizeof(U)); }
+};
+
+template <typename U, int64_t L>
+struct Staging<const U*, L> {
+  std::array<U, L> buf{};
+  const U* in(const U* p, int64_t n) {
+    std::memcpy(buf.data(), p, n * sizeof(U));
+    return buf.data();
+  }
+  void out(const U*, int64_t) const {}
+};
+
+template <typename T, int64_t L>
+struct Staging<MasterStream<T>, L> {
+  Staging<float*, L> master;
+  std::array<T, L> model{};  // written only
+  MasterStream<T> in(const MasterStream<T>& s, int64_t n) { return {master.in(s.master, n), model.data()}; }
+  void out(const MasterStream<T>& s, int64_t n) const {
+    master.out(s.master, n);
+    std::memcpy(s.model, model.data(), n * sizeof(T));
+  }
+};
+
+template <typename T, typename Body, typename... Stream, size_t... I>
+inline void stage_tail(const Body& body, int64_t tail, std::index_sequence<I...> seq, const Stream&... streams) {
+  std::tuple<Staging<Stream, kBlock<T>>...> staged;
+  run_block<T>(body, 0, seq, std::get<I>(staged).in(streams, tail)...);
+  (std::get<I>(staged).out(streams, tail), ...);
 }
 
-template <typename T>
-inline void copy_back(const T*, const T*, int64_t) {}
-
-// The tail of an item: staged through zero-padded buffers, same vector body, mutable ones copied back.
-template <typename T, typename Body, typename Tuple, typename Staged, size_t... I>
-inline void stage_tail(const Body& body, const Tuple& ptrs, Staged& staged, int64_t i, int64_t tail,
-                       std::index_sequence<I...>) {
-  (std::memcpy(staged[I].data(), std::get<I>(ptrs) + i, tail * sizeof(T)), ...);
-  const auto staged_ptrs = std::make_tuple(
-      static_cast<std::tuple_element_t<I, Tuple>>(staged[I].data())...);
-  run_block<T>(body, staged_ptrs, 0, std::index_sequence<I...>{});
-  (copy_back(std::get<I>(ptrs) + i, staged[I].data(), tail), ...);
-}
-
-// Calls body(v0, v1, ...) with one SIMD block of each stream, for elements [begin, end).
-// body takes FVec<T>& for every stream and updates the mutable ones in place.
-template <typename T, typename Body, typename... Ptr>
-inline void for_each_block(int64_t begin, int64_t end, const Body& body, Ptr... streams) {
+// Calls body(v0, v1, ...) with one SIMD block of each stream, for elements [begin, end); T, the
+// lead type, sets the block (kBlock<T> elements). body takes FVec<T>& for every stream and
+// updates the mutable ones in place.
+template <typename T, typename Body, typename... Stream>
+inline void for_each_block(int64_t begin, int64_t end, const Body& body, Stream... streams) {
   constexpr int64_t L = kBlock<T>;
-  constexpr size_t N = sizeof...(Ptr);
-  using Seq = std::make_index_sequence<N>;
-  const auto ptrs = std::make_tuple(streams...);
+  using Seq = std::make_index_sequence<sizeof...(Stream)>;
   int64_t i = begin;
   for (; i + L <= end; i += L) {
-    run_block<T>(body, ptrs, i, Seq{});
+    run_block<T>(body, i, Seq{}, streams...);
   }
   const int64_t tail = end - i;
   if (tail == 0) return;
-  std::array<std::array<T, L>, N> staged{};
-  stage_tail<T>(body, ptrs, staged, i, tail, Seq{});
+  stage_tail<T>(body, tail, Seq{}, advance(streams, i)...);
 }
 
 // The data of tensor t as a stream of for_each_block.

@@ -118,6 +118,23 @@ std::vector<float*> checked_steps(const char* op, at::TensorList params, at::Ten
   return out;
 }
 
+// An update with master weights (master_params, csrc/shared/checks.h) in three steps on the
+// device: the grads cast to fp32, update(masters, fp32 grads), then each param written as its
+// master rounded to nearest even (after a skipped step that rewrites the value it holds). The CPU
+// kernels do it in one pass; without masters this is update(params, grads).
+template <typename Update>
+void with_masters(const char* op, at::TensorList params, at::TensorList grads, at::TensorList masters,
+                  const Update& update) {
+  if (masters.empty()) return update(params, grads);
+  checked_params(op, params, masters);
+  check_same_size(op, "grads", params, grads);
+  std::vector<at::Tensor> grads32;
+  grads32.reserve(grads.size());
+  for (const auto& g : grads) grads32.push_back(g.to(at::kFloat));
+  update(masters, grads32);
+  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
+}
+
 // Per-tensor sums of squares of `lists` lists on the device (ChunkSums with their scratch).
 struct SumsScratch {
   at::Tensor partials, out;
@@ -138,7 +155,7 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, args.momentum);
+  const auto grads = check_sgd_inputs(op, checked_params(op, params, {}), grads_in, bufs, first_step, args.momentum);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   args.s = scalars.get();
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -186,25 +203,29 @@ cuda::SgdArgs sgd_args(double momentum, double dampening, double weight_decay, b
 }
 
 void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
               bool nesterov, bool maximize, bool wd_after_momentum, const OptTensor& lr_tensor,
               const OptTensor& grad_scale, const OptTensor& found_inf) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   a.maximize = maximize;
   a.wd_after_momentum = wd_after_momentum;
-  sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, first_step, a, lr, lr_tensor,
-                  grad_scale, found_inf);
+  with_masters("sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, p, g, momentum_buffers, first_step, a, lr, lr_tensor,
+                    grad_scale, found_inf);
+  });
 }
 
 void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                   const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                    bool nesterov, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
-  sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, params, grads, momentum_buffers, first_step,
-                  sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
+  with_masters("sign_sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, p, g, momentum_buffers, first_step,
+                    sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
+  });
 }
 
 void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-               const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
                const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
@@ -214,12 +235,14 @@ void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momen
     a.eps = eps;
     a.trust_clip = trust_clip;
   }
-  sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, first_step, a, lr, lr_tensor,
-                  grad_scale, found_inf);
+  with_masters("lars_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, p, g, momentum_buffers, first_step, a, lr, lr_tensor,
+                    grad_scale, found_inf);
+  });
 }
 
 void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                        const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
+                        at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
                         double epsilon, bool lars, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                         const OptTensor& found_inf) {
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
@@ -229,20 +252,22 @@ void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorL
     a.trust_coefficient = eeta;
     a.eps = epsilon;
   }
-  sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, first_step, a, lr,
-                  lr_tensor, grad_scale, found_inf);
+  with_masters("colossal_lars_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, p, g, momentum_buffers, first_step, a, lr,
+                    lr_tensor, grad_scale, found_inf);
+  });
 }
 
-void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
-                         double weight_decay, int64_t sparse_grad_size, bool random_sparse,
-                         const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
-                         const OptTensor& grad_scale, const OptTensor& found_inf) {
+void sparsified_sgd_on(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
+                       double weight_decay, int64_t sparse_grad_size, bool random_sparse,
+                       const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
+                       const OptTensor& grad_scale, const OptTensor& found_inf) {
   const char* op = "sparsified_sgd_";
   if (params.empty()) return;
   TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  check_mutable(op, "params", params, params);
+  checked_params(op, params, {});
   const auto grads = checked_grads(op, params, grads_in);
   check_mutable(op, "memories", params, memories);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
@@ -259,7 +284,17 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
   }
 }
 
-void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList memories,
+                         at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
+                         bool random_sparse, const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
+                         const OptTensor& grad_scale, const OptTensor& found_inf) {
+  with_masters("sparsified_sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    sparsified_sgd_on(p, g, memories, lr, weight_decay, sparse_grad_size, random_sparse, generator, lr_tensor,
+                      grad_scale, found_inf);
+  });
+}
+
+void adam_on(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
                double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
                const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
@@ -267,7 +302,7 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = check_moment_inputs(op, checked_params(op, params, {}), grads_in, exp_avgs, exp_avg_sqs);
   if (amsgrad) {
     check_mutable(op, "max_exp_avg_sqs", params, max_exp_avg_sqs);
   } else {
@@ -292,6 +327,17 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
                     c10::cuda::getCurrentCUDAStream());
 }
 
+void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+               double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               const OptTensor& found_inf) {
+  with_masters("adam_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    adam_on(p, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
+            decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf);
+  });
+}
+
 // lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
 void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
                    at::TensorList exp_avg_sqs, at::TensorList steps, cuda::LambArgs a, double lr,
@@ -300,7 +346,7 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = check_moment_inputs(op, checked_params(op, params, {}), grads_in, exp_avgs, exp_avg_sqs);
   auto step_ptrs = checked_steps(op, params, steps);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   a.s = scalars.get();
@@ -326,7 +372,7 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
 }
 
 void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
+               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps, double weight_decay,
                bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
                bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
                const OptTensor& grad_scale, const OptTensor& found_inf) {
@@ -341,12 +387,15 @@ void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   a.trust_ratio = use_nvlamb || weight_decay != 0.0;
   a.trust_clip = trust_clip;
   a.bias_correction = bias_correction;
-  run_lamb_cuda("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, lr, global_grad_norm, lr_tensor, grad_scale,
-                found_inf);
+  with_masters("lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    run_lamb_cuda("lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, global_grad_norm, lr_tensor, grad_scale,
+                  found_inf);
+  });
 }
 
 void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+                        double beta1, double beta2,
                         double eps, double weight_decay, bool adam, bool bias_correction, const OptTensor& lr_tensor,
                         const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
@@ -359,8 +408,10 @@ void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorL
   a.trust_ratio = !adam;
   a.bias_correction = bias_correction;
   a.colossal = true;
-  run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, a, lr, std::nullopt, lr_tensor,
-                grad_scale, found_inf);
+  with_masters("colossal_lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
+    run_lamb_cuda("colossal_lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, std::nullopt, lr_tensor, grad_scale,
+                  found_inf);
+  });
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.

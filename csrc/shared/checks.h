@@ -77,25 +77,52 @@ inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at
   return out;
 }
 
-// Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
-inline ContiguousTensors check_moment_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
-                                             at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
+// The params of an update op: `model`, the params as the caller holds them (their grads have
+// their dtype), and `masters`, empty or their fp32 master weights (master_params: one per fp16 or
+// bf16 param). The update reads and writes values(): the masters when given, and writes each
+// param as its master rounded to nearest even. Every state tensor has values()' dtype.
+struct UpdatedParams {
+  at::TensorList model, masters;
+  at::TensorList values() const { return masters.empty() ? model : masters; }
+};
+
+// Checks the params (and their masters, if any) of an update op.
+inline UpdatedParams checked_params(const char* op, at::TensorList params, at::TensorList masters) {
   check_mutable(op, "params", params, params);
-  auto grads = checked_grads(op, params, grads_in);
-  check_mutable(op, "exp_avgs", params, exp_avgs);
-  check_mutable(op, "exp_avg_sqs", params, exp_avg_sqs);
+  if (!masters.empty()) {
+    check_same_size(op, "master_params", params, masters);
+    for (size_t i = 0; i < masters.size(); ++i) {
+      const auto& m = masters[i];
+      TORCH_CHECK(params[i].scalar_type() == at::kHalf || params[i].scalar_type() == at::kBFloat16, "fused_optim::",
+                  op, ": master_params are for float16/bfloat16 params, but params[", i, "] is ",
+                  params[i].scalar_type(), "; pass master_params empty");
+      TORCH_CHECK(m.scalar_type() == at::kFloat && m.device() == params[0].device() && m.layout() == at::kStrided &&
+                      m.is_contiguous() && m.numel() == params[i].numel(),
+                  "fused_optim::", op, ": master_params[", i, "] must be a contiguous float32 tensor of its param's ",
+                  params[i].numel(), " elements on ", params[0].device(), " (got ", m.scalar_type(), ", ",
+                  m.numel(), " elements on ", m.device(), ")");
+    }
+  }
+  return {params, masters};
+}
+
+// Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
+inline ContiguousTensors check_moment_inputs(const char* op, const UpdatedParams& params, at::TensorList grads_in,
+                                             at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
+  auto grads = checked_grads(op, params.model, grads_in);
+  check_mutable(op, "exp_avgs", params.values(), exp_avgs);
+  check_mutable(op, "exp_avg_sqs", params.values(), exp_avg_sqs);
   return grads;
 }
 
 // Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
-inline ContiguousTensors check_sgd_inputs(const char* op, at::TensorList params, at::TensorList grads_in,
+inline ContiguousTensors check_sgd_inputs(const char* op, const UpdatedParams& params, at::TensorList grads_in,
                                           at::TensorList momentum_buffers, const c10::List<bool>& first_step,
                                           double momentum) {
-  check_mutable(op, "params", params, params);
-  auto grads = checked_grads(op, params, grads_in);
+  auto grads = checked_grads(op, params.model, grads_in);
   if (momentum != 0.0) {
-    check_mutable(op, "momentum_buffers", params, momentum_buffers);
-    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
+    check_mutable(op, "momentum_buffers", params.values(), momentum_buffers);
+    TORCH_CHECK(first_step.size() == params.model.size() || first_step.empty(), "fused_optim::", op,
                 ": first_step needs one flag per param (or none: no first steps)");
   } else {
     TORCH_CHECK(momentum_buffers.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");

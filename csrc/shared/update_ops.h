@@ -23,40 +23,43 @@
 namespace fused_optim {
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-             const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-             bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
-             const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+             at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+             double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+             const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+             const std::optional<at::Tensor>& found_inf);
 void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                  const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                  double weight_decay, bool nesterov, const std::optional<at::Tensor>& lr_tensor,
+                  at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                  double dampening, double weight_decay, bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void lars_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-              bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf);
+              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
+              bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void colossal_lars_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                       const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                       double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
-                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
-void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList memories, double lr,
-                        double weight_decay, int64_t sparse_grad_size, bool random_sparse,
-                        const std::optional<at::Generator>& generator, const std::optional<at::Tensor>& lr_tensor,
-                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+                       at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                       double eeta, double weight_decay, double epsilon, bool lars,
+                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf);
+void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList memories,
+                        at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
+                        bool random_sparse, const std::optional<at::Generator>& generator,
+                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                        const std::optional<at::Tensor>& found_inf);
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
-              double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf);
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+              double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled,
+              bool maximize, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList steps, double lr, double beta1, double beta2, double eps, double weight_decay,
-              bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
-              bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+              at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+              double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+              bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf);
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                       at::TensorList exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
-                       double eps, double weight_decay, bool adam, bool bias_correction,
+                       at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+                       double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
 

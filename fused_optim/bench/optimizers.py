@@ -46,7 +46,7 @@ from ..lamb import FusedLAMB
 from ..lars import LARS
 from ..norm import multi_tensor_l2norm
 from ..sgd import FusedSGD
-from . import adascale_overhead
+from . import adascale_overhead, master_weights
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "norm")
 # Bytes one pass of each update reads + writes per element, in units of the element size:
@@ -374,15 +374,22 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
         print(f"adascale {r['tensors']} tensors / {r['params'] / 1e6:.1f}M: overhead "
               f"{r['fused_optim.AdaScale']['overhead_ms']:.2f} ms, fairscale's "
               f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms", flush=True)
+    masters = [master_weights.bench(opt, list_id, repeats) for list_id in lists if list_id in master_weights.LISTS
+               for opt in ("adamw", "sgd")]
+    for r in masters:
+        print(f"{r['opt']:6} bf16 + fp32 masters {r['params']:32} fused_optim {r['ours_ms']:8.3f} ms  "
+              f"×{r['speedup']:6.2f} vs torch fused on masters + copies  {r['fraction_of_probe']:.2f} of probe",
+              flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
     build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench.json", out / "bench.md"
     classes, timm = timm_optimizers()
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,
-                                     "build": build, "adascale": adascale, "torch": torch.__version__,
+                                     "build": build, "adascale": adascale, "master_weights": masters,
+                                     "torch": torch.__version__,
                                      "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
                                      "threads": torch.get_num_threads(), "cpu": _build.cpu_description()},
                                     indent=2))
-    md_path.write_text(markdown(rows, host, build, timm, adascale))
+    md_path.write_text(markdown(rows, host, build, timm, adascale) + "\n".join(master_weights.markdown(masters)) + "\n")
     return json_path, md_path

@@ -38,14 +38,18 @@ class DigitsDataset(Dataset):
 @MODELS.register_module()
 class DigitsClassifier(BaseModel):
     """:class:`fused_optim.examples.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
-    ``predict`` → per-image ``dict(pred, label, loss)``, ``tensor`` → logits."""
+    ``predict`` → per-image ``dict(pred, label, loss)``, ``tensor`` → logits. ``dtype``
+    (``'float16'``, ``'bfloat16'``): the params' dtype, a half model (inputs cast to it, logits
+    back to fp32), e.g. for an optimizer with ``master_weights=True``."""
 
-    def __init__(self, width: int = 16, data_preprocessor: dict | None = None):
+    def __init__(self, width: int = 16, data_preprocessor: dict | None = None, dtype: str | None = None):
         super().__init__(data_preprocessor)
         self.net = DigitsCNN(width)
+        if dtype is not None:
+            self.net.to(getattr(torch, dtype))
 
     def forward(self, inputs: torch.Tensor, data_samples: torch.Tensor | None = None, mode: str = "tensor"):
-        logits = self.net(inputs)
+        logits = self.net(inputs.to(next(self.net.parameters()).dtype)).float()
         if mode == "loss":
             return dict(loss=F.cross_entropy(logits, data_samples))
         if mode == "predict":
