@@ -198,6 +198,16 @@ class GradientStatistics(torch.optim.Optimizer):
         self._world_size = _positive_int("world_size", world_size)
         self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
 
+    def set_window(self, world_size: int, num_gradients_to_accumulate: int) -> None:
+        """New N and c together (β back to its default); a scale left at its default N·c follows."""
+        if (self._world_size, self._accum) == (world_size, num_gradients_to_accumulate):
+            return
+        default_scale = self._scale == self._world_size * self._accum
+        self.set_world_size(world_size)
+        self.set_num_gradients_to_accumulate(num_gradients_to_accumulate)
+        if default_scale:
+            self.set_scale(float(world_size * num_gradients_to_accumulate))
+
     def _outside_window(self, what: str) -> None:
         if self._backwards:
             raise RuntimeError(

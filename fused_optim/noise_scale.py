@@ -8,6 +8,7 @@ import math
 import torch
 
 from .adascale import GradientStatistics, _positive_int
+from .metrics import BATCH, NOISE_SCALE, SUGGESTED_BATCH
 
 
 class NoiseScale(GradientStatistics):
@@ -81,6 +82,16 @@ def suggested_accumulation(b_simple: float, micro_batch_size: int, world_size: i
     cap = math.inf if max_accumulation is None else max_accumulation
     c = b_simple / (world_size * micro_batch_size)
     return int(max(1, min(cap, math.floor(c) if math.isfinite(c) else cap)))
+
+
+def noise_scale_metrics(stats: GradientStatistics, micro_batch_size: int,
+                        max_accumulation: int | None = None) -> dict[str, float]:
+    """What the framework adapters log after an update: B_simple, the batch of the update and the
+    suggested batch, all in samples (names from :mod:`fused_optim.metrics`)."""
+    b_simple, n = stats.noise_scale(micro_batch_size), stats.world_size
+    suggested = suggested_accumulation(b_simple, micro_batch_size, n, max_accumulation)
+    return {NOISE_SCALE: b_simple, BATCH: float(n * stats.num_gradients_to_accumulate * micro_batch_size),
+            SUGGESTED_BATCH: float(n * suggested * micro_batch_size)}
 
 
 class AccumulationRamp:

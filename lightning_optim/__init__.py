@@ -5,6 +5,8 @@
   ``--optimizer fused_optim.FusedSGD --optimizer.lr 0.1``.
 * :class:`AdaScaleCallback`: AdaScale for any module (wraps its optimizer, or syncs one it
   returns), τ-driven LR schedules, a τ target, logging, checkpoints.
+* :class:`NoiseScaleCallback`: the gradient noise scale (B_simple), the batch and the suggested
+  batch logged per update; optionally a batch-size ramp.
 * :class:`StepSchedulerCLI`: ``LightningCLI`` whose ``--lr_scheduler`` steps per update, so
   ``AdaScaleCallback`` drives it by τ.
 * Strategies by name (registered on import): ``"adascale_ddp"``, ``"adascale_ddp_spawn"``
@@ -12,7 +14,8 @@
 """
 
 from .callback import AdaScaleCallback
+from .noise_scale import NoiseScaleCallback
 from .cli import StepSchedulerCLI
 from .strategy import AdaScaleDDPStrategy
 
-__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "StepSchedulerCLI"]
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "NoiseScaleCallback", "StepSchedulerCLI"]
