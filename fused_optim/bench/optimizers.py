@@ -373,7 +373,8 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     for r in adascale:
         print(f"adascale {r['tensors']} tensors / {r['params'] / 1e6:.1f}M: overhead "
               f"{r['fused_optim.AdaScale']['overhead_ms']:.2f} ms, fairscale's "
-              f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms", flush=True)
+              f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms, NoiseScale "
+              f"{r['fused_optim.NoiseScale']['overhead_ms']:.2f} ms", flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
     build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
