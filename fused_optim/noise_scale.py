@@ -64,12 +64,6 @@ class NoiseScale(GradientStatistics):
         return self.noise_scale(self.micro_batch_size)
 
 
-def noise_statistics(optimizer: torch.optim.Optimizer) -> GradientStatistics | None:
-    """The :class:`NoiseScale` or :class:`~fused_optim.AdaScale` that ``optimizer`` is (through
-    framework wrappers that subclass it), or None."""
-    return optimizer if isinstance(optimizer, GradientStatistics) else None
-
-
 def suggested_accumulation(b_simple: float, micro_batch_size: int, world_size: int,
                            max_accumulation: int | None = None) -> int:
     """The accumulation count c whose batch N·c·B_micro is the largest not above ``b_simple``

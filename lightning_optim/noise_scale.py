@@ -7,7 +7,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 
-from fused_optim import AdaScale, NoiseScale
+from fused_optim import NoiseScale
+from fused_optim.adascale import GradientStatistics
 from fused_optim.metrics import NOISE_SCALE
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
@@ -65,7 +66,7 @@ class NoiseScaleCallback(Callback):
         if not pl_module.automatic_optimization or len(strategy.optimizers) != 1:
             raise RuntimeError("NoiseScaleCallback needs automatic optimization with exactly one optimizer; with "
                                "manual optimization wrap your optimizer in fused_optim.NoiseScale yourself")
-        if not isinstance(strategy.optimizers[0], (AdaScale, NoiseScale)):
+        if not isinstance(strategy.optimizers[0], GradientStatistics):  # (an AdaScale measures itself)
             try:
                 strategy.optimizers = [NoiseScale(strategy.optimizers[0], world_size=trainer.world_size,
                                                   num_gradients_to_accumulate=_accumulation(trainer),
@@ -106,9 +107,9 @@ class NoiseScaleCallback(Callback):
                               on_epoch=False, batch_size=1)
 
     @staticmethod
-    def _stats(trainer) -> AdaScale | NoiseScale:
+    def _stats(trainer) -> GradientStatistics:
         opt = trainer.strategy.optimizers[0]
-        if not isinstance(opt, (AdaScale, NoiseScale)):
+        if not isinstance(opt, GradientStatistics):
             raise RuntimeError(f"NoiseScaleCallback: the optimizer is a {type(opt).__name__}, not the NoiseScale or "
                                "AdaScale it set up (did another callback replace it?)")
         return opt
