@@ -13,6 +13,7 @@ from . import testing  # noqa: F401  (fused_optim.testing.emulated_cuda)
 from ._build import build_error, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
+from .noise_scale import NoiseScale
 from .colossal_adam import CPUAdam, HybridAdam
 from .fp16_optimizer import DynamicLossScaler, FP16Optimizer
 from .lamb import ColossalLamb, FusedLAMB, Lamb
@@ -42,6 +43,7 @@ __all__ = [
     "HybridAdam",
     "Lamb",  # = ColossalLamb (ColossalAI's class name)
     "Lars",  # = ColossalLars
+    "NoiseScale",
     "SGD",
     "SignSGD",
     "SparsifiedSGD",

@@ -1,5 +1,6 @@
 """AdaScale: gain-driven learning-rate scaling for large-batch training (fairscale's API and numerics,
-robust to real training loops)."""
+robust to real training loops), on :class:`GradientStatistics`, the per-window gradient statistics it
+shares with :class:`~fused_optim.NoiseScale`."""
 
 from __future__ import annotations
 
@@ -19,9 +20,451 @@ from . import _build, _ops
 from .norm import grad_sum_squares_, sum_squares_
 
 _SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
+# The noise-scale averages, per group, in units of one micro-batch: tr(Σ)/B_micro and |G|², the
+# unbiased per-window estimates (not clamped: a negative |G|² estimate is part of an unbiased mean).
+NOISE_VAR, NOISE_SQR = "noise_var_avg", "noise_sqr_avg"
 
 
-class AdaScale(torch.optim.Optimizer):
+class GradientStatistics(torch.optim.Optimizer):
+    r"""The gradient statistics of :class:`AdaScale` and :class:`~fused_optim.NoiseScale`: wraps
+    any optimizer, takes per-micro-batch and pooled gradient norms each accumulation window and
+    keeps their EWMAs; :meth:`step` steps the wrapped optimizer (subclasses change how).
+
+    The window machinery (hooks, short windows, DDP, AMP, state) is described in :class:`AdaScale`;
+    besides AdaScale's averages (``grad_var_avg``, ``grad_sqr_avg``, in units of the scale S), every
+    window also updates, with the same β, the unbiased micro-batch-unit estimates (McCandlish et
+    al. 2018, App. A; c' the window's backward passes, B = N·c' micro-batches)::
+
+        noise_var = B/(B − 1) · (local/B − total)      (tr(Σ) / B_micro)
+        noise_sqr = total − noise_var/B                 (|G|², may be negative for one window)
+
+    and :meth:`noise_scale` is B_simple = B_micro · Σ_k noise_var_k / Σ_k noise_sqr_k (the ratio of
+    the averages, not an average of ratios).
+    """
+
+    _step_supports_amp_scaling = True
+    _name = "GradientStatistics"  # in messages (Lightning's optimizer wrappers subclass ours)
+    _state_key = "gradient_statistics"  # this class's entry in the state dict
+
+    def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
+                 smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
+                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
+        self._optimizer = optimizer
+        self._grad_scaler = grad_scaler
+        self._world_size = world_size if world_size is not None else (
+            dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        self._is_scaled_loss = is_scaled_loss
+        self._debias_ewma = debias_ewma
+        self._hooks: list = []
+        # [backward passes of the window, graph task id of the last, passes that end the window,
+        #  this object's handle]: the C++ hooks count in it and end the window (see _hook).
+        self._counts = torch.tensor([0, -1, 0, next(_handles)])
+        _WINDOW_OWNERS[int(self._counts[3])] = self
+        self._local = self._zeros()
+        # The ended window's sums, before the loss scales are known: see _end_window.
+        self._pending: _Window | None = None
+        self._last_loss_scale: float | None = None  # the loss scale of the last AMP step
+        self._warned_stale_scale = False
+        # The averages (and their accumulators), one float per group (tensors in the state dict).
+        self._avg: dict[str, list[float]] = {_SQR: [1.0] * len(self.param_groups),
+                                             _VAR: [0.0] * len(self.param_groups)}
+        self.set_num_gradients_to_accumulate(num_gradients_to_accumulate, update_smoothing=True)
+        if smoothing is not None:
+            self._smoothing = float(smoothing)
+        if self._world_size * self._accum <= 1:
+            raise RuntimeError(
+                f"{self._name} needs world_size * num_gradients_to_accumulate > 1: it estimates the gradient "
+                "variance from several micro-batches (use DDP with more ranks, or accumulate gradients)"
+            )
+        self._scale = float(self._world_size * self._accum if scale is None else scale)
+        if self._scale < 1:
+            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
+        self._hook()
+
+    # ---- hooks: per-micro-batch local norms --------------------------------------------------
+    def _hook(self) -> None:
+        hooked = [(gi, p) for gi, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
+        params, index = [p for _, p in hooked], [gi for gi, _ in hooked]
+        if _native_hooks_work(params):
+            positions = _ops.op("grad_norm_hooks")(params, index, self._local, self._counts)
+            self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
+        else:
+            self._hooks = [p.register_hook(functools.partial(self._on_grad, gi)) for gi, p in hooked]
+
+    def unhook(self) -> None:
+        """Remove the gradient hooks (no backward pass is seen any more)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _on_grad(self, gi: int, grad: Tensor) -> None:
+        """The Python twin of the C++ hooks (``csrc/cpu/grad_norms.cpp``), for devices or builds
+        without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
+        in another autograd graph task than the last one counted starts a new backward pass; the
+        pass that completes the window ends it when it finishes (see ``_queue_window_end``).
+        (Keeping the grads for one batched call at the end of the backward costs more: autograd
+        then copies the first micro-batch's grads instead of moving them into ``.grad``, and the
+        allocator cannot reuse their memory.)"""
+        sum_squares_(self._local, [grad], [gi])
+        task = torch._C._current_graph_task_id()
+        if int(self._counts[1]) != task:
+            self._counts[1] = task
+            self._counts[0] += 1
+            if int(self._counts[0]) == int(self._counts[2]):
+                _queue_window_end(self._counts)
+
+    @property
+    def _backwards(self) -> int:
+        """Backward passes of the current window."""
+        return int(self._counts[0])
+
+    # ---- the averages -------------------------------------------------------------------------
+    @property
+    def scale(self) -> float:
+        return self._scale
+
+    @property
+    def smoothing(self) -> float:
+        return self._smoothing
+
+    def _current(self) -> tuple[dict[str, list[float]], float | None]:
+        """The averages as of now and the scale of the window in them: between the backward pass
+        that completes a window and ``step()``, with that window's statistics already in (as
+        ``step()`` will take them; None: no window pending, the scale is S)."""
+        if self._pending is None:
+            return self._avg, None
+        return self._averaged(self._pending, *self._preview_loss_scales()), self._pending.scale
+
+    def noise_scale(self, micro_batch_size: int = 1) -> float:
+        """B_simple = tr(Σ)/|G|², the gradient noise scale, in samples of micro-batches of
+        ``micro_batch_size`` (in micro-batches by default): the batch size beyond which a larger
+        batch stops paying off (McCandlish et al. 2018). NaN before the first window; inf while the
+        averaged |G|² estimate is not positive (the noise dominates every batch measured)."""
+        avg, _ = self._current()
+        if NOISE_VAR not in avg:
+            return math.nan
+        var, sqr = sum(avg[NOISE_VAR]), sum(avg[NOISE_SQR])
+        return micro_batch_size * var / sqr if sqr > 0 else math.inf
+
+    def _preview_loss_scales(self) -> tuple[float, float]:
+        """The loss scales ``step()`` will divide the pending window's sums by, as far as they are
+        known before it: ``loss_scale`` if a caller set it, the scaler's current scale if
+        AdaScale was given ``grad_scaler``, else the last AMP step's (with a warning: the scaler may
+        have changed it since), else 1."""
+        loss_scale = getattr(self, "loss_scale", None)
+        if loss_scale is None and self._grad_scaler is not None and self._grad_scaler.is_enabled():
+            loss_scale = self._grad_scaler.get_scale()
+        if loss_scale is None and self._last_loss_scale is not None:
+            if not self._warned_stale_scale:
+                self._warned_stale_scale = True
+                warnings.warn(f"{self._name}'s statistics read before step() under a GradScaler it was not given: "
+                              f"they assume the last step's loss scale; pass {self._name}(..., grad_scaler=scaler) "
+                              "for the exact values", stacklevel=4)
+            loss_scale = self._last_loss_scale
+        loss_scale = 1.0 if loss_scale is None else float(loss_scale)
+        return loss_scale, loss_scale if self._pending.at_backward_end else 1.0
+
+    def set_scale(self, scale: float, update_estimate: bool = True) -> None:
+        """New S; the variance averages (and their accumulators) are rescaled by S_old/S_new."""
+        self._outside_window("set_scale")
+        if scale < 1:
+            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
+        if update_estimate:
+            for name in (_VAR, _VAR + "_biased", _VAR + "_total"):
+                if name in self._avg:
+                    self._avg[name] = [v * (self._scale / scale) for v in self._avg[name]]
+        self._scale = float(scale)
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    @property
+    def num_gradients_to_accumulate(self) -> int:
+        return self._accum
+
+    def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
+        """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
+        self._outside_window("set_num_gradients_to_accumulate")
+        self._accum = _positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
+        self._counts[2] = self._accum
+        if update_smoothing:
+            self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
+
+    def set_world_size(self, world_size: int, update_smoothing: bool = True) -> None:
+        """New N (the ranks whose micro-batches a step pools); resets β to its default unless
+        update_smoothing=False. The scale is not changed (see :meth:`set_scale`)."""
+        self._outside_window("set_world_size")
+        self._world_size = _positive_int("world_size", world_size)
+        self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
+
+    def set_window(self, world_size: int, num_gradients_to_accumulate: int) -> None:
+        """New N and c together (β back to its default); a scale left at its default N·c follows."""
+        if (self._world_size, self._accum) == (world_size, num_gradients_to_accumulate):
+            return
+        default_scale = self._scale == self._world_size * self._accum
+        self.set_world_size(world_size)
+        self.set_num_gradients_to_accumulate(num_gradients_to_accumulate)
+        if default_scale:
+            self.set_scale(float(world_size * num_gradients_to_accumulate))
+
+    def _outside_window(self, what: str) -> None:
+        if self._backwards:
+            raise RuntimeError(
+                f"{self._name}.{what} was called inside an accumulation window ({self._backwards} backward passes "
+                "since the last step); call it right after step()"
+            )
+
+    # ---- step ------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None):
+        """Run the closure, take the window's statistics into the averages, step the inner optimizer
+        (see :meth:`_update`); returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        skipped = found_inf is not None and float(found_inf) != 0
+        if self._pending is None and self._backwards and not skipped:
+            self._pending = self._end_window(at_backward_end=False)  # a short window (every rank steps)
+        window = self._pending
+        self._reset_window()
+        if skipped:
+            return loss
+        if window is not None:
+            micro_scale, grad_scale_of_total = self._loss_scales(window, grad_scale, found_inf)
+            if found_inf is not None:
+                self._last_loss_scale = micro_scale
+            self._avg = self._averaged(window, micro_scale, grad_scale_of_total)
+        self._update(self._scale if window is None else window.scale, grad_scale, found_inf)
+        return loss
+
+    def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        """The parameter update of a step whose statistics are in the averages (``scale``: the
+        window's S): the inner optimizer's step, unchanged."""
+        self._inner_step(grad_scale, found_inf)
+
+    def scale_grad_by_num_grads_to_accum(self) -> None:
+        """Divide every ``.grad`` by c, the accumulation count (fairscale's method of this name):
+        with ``is_scaled_loss=False`` the grads hold the sum of the window's micro-batch grads,
+        and this makes them the mean before ``step()``. Call it after the window's last backward."""
+        if self._accum <= 1:
+            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum: num_gradients_to_accumulate is 1, "
+                               "there is nothing to scale")
+        if self._is_scaled_loss:
+            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum is for unscaled losses: this one has "
+                               "is_scaled_loss=True (the losses were divided by c already)")
+        if self._backwards and self._pending is None:
+            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an accumulation window "
+                               f"({self._backwards} of {self._accum} backward passes); call it after the last one")
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            torch._foreach_div_(grads, float(self._accum))
+
+    def _loss_scales(self, window: _Window, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
+        """The loss scales that the window's micro-batch sums and ``.grad`` sums carry: the
+        scaler's ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
+        ``grad_scaler``'s for the micro-batches, and for ``.grad`` too if its sums were taken at
+        the end of the backward pass (before the unscale), else 1."""
+        loss_scale = getattr(self, "loss_scale", None)
+        if loss_scale is not None:  # set by a caller whose grad_scale also holds a clip coefficient
+            return float(loss_scale), float(loss_scale)
+        if grad_scale is not None:
+            return float(grad_scale), float(grad_scale)
+        if found_inf is None:
+            return 1.0, 1.0
+        if self._grad_scaler is None:
+            raise RuntimeError(
+                f"{self._name}.step: the grads were unscaled before step() (scaler.unscale_(optimizer)), but "
+                "the micro-batch norms were taken on the scaled grads; pass the scaler, "
+                f"{self._name}(optimizer, ..., grad_scaler=scaler), or let scaler.step() unscale"
+            )
+        scaler_scale = float(self._grad_scaler.get_scale())
+        return scaler_scale, scaler_scale if window.at_backward_end else 1.0
+
+    def _reset_window(self) -> None:
+        self._local.zero_()
+        self._counts[0] = 0
+        self._pending = None
+
+    def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        inner = self._optimizer
+        if grad_scale is None:
+            inner.step()
+        elif getattr(inner, "_step_supports_amp_scaling", False):
+            inner.grad_scale, inner.found_inf = grad_scale, found_inf
+            try:
+                inner.step()
+            finally:
+                del inner.grad_scale, inner.found_inf
+        else:  # an optimizer that expects unscaled grads
+            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / float(grad_scale))
+            inner.step()
+
+    def _window_ended_in_backward(self) -> None:
+        """Called (through the ``adascale_window_end`` op) at the end of the backward pass that
+        completes the window."""
+        self._pending = self._end_window(at_backward_end=True)
+
+    def _end_window(self, at_backward_end: bool) -> _Window:
+        """The window's sums: the micro-batch sums pooled over ranks (the one all-reduce) and
+        ``.grad``'s, still carrying the loss scales (known only at ``step()``)."""
+        c = self._backwards
+        local = self._local.clone()
+        if self._world_size > 1:
+            dist.all_reduce(local)
+        params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
+        total = self._zeros()
+        grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
+        # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
+        return _Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
+                       at_backward_end)
+
+    def _averaged(self, window: _Window, micro_scale: float, grad_scale: float) -> dict[str, list[float]]:
+        """The averages after ``window`` (the current ones when it cannot estimate, or when its
+        statistics are not finite)."""
+        c, scale = window.passes, window.scale
+        local = [x / micro_scale**2 for x in window.local]
+        total = [x / grad_scale**2 for x in window.total]
+        if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
+            if self._is_scaled_loss:
+                local = [x * self._accum**2 for x in local]
+                total = [x * (self._accum / c) ** 2 for x in total]
+            else:
+                total = [x / c**2 for x in total]
+        cn = self._world_size * c
+        if cn <= 1:
+            return self._avg
+        var = [lo * (scale / cn) / (cn - 1) - to * scale / (cn - 1) for lo, to in zip(local, total)]
+        sqr = [to - v / scale for to, v in zip(total, var)]
+        if not all(math.isfinite(x) for x in var + sqr):
+            return self._avg
+        avg = dict(self._avg)
+        # var is the variance at the scale's base batch (cN/S micro-batches); sqr is |G|² already
+        self._update_avg(avg, NOISE_VAR, [v * cn / scale for v in var])
+        self._update_avg(avg, NOISE_SQR, sqr)
+        self._update_avg(avg, _SQR, [max(q, 0.0) for q in sqr])
+        self._update_avg(avg, _VAR, [max(v, 1e-6) for v in var])
+        return avg
+
+    def _zeros(self) -> Tensor:
+        """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
+
+    def _update_avg(self, avg: dict[str, list[float]], name: str, value: list[float]) -> None:
+        """One EWMA step of ``avg[name]`` (and its accumulators) towards ``value``; ``avg``'s
+        lists are replaced, never changed in place."""
+        beta, zeros = self._smoothing, [0.0] * len(value)
+        if self._debias_ewma:
+            biased = [beta * b + (1 - beta) * v for b, v in zip(avg.get(name + "_biased", zeros), value)]
+            unbias = [beta * u + (1 - beta) for u in avg.get(name + "_unbias", zeros)]
+            avg[name + "_biased"], avg[name + "_unbias"] = biased, unbias
+            avg[name] = [b / u for b, u in zip(biased, unbias)]
+            return
+        count = avg.get(name + "_count", [0.0])[0] + 1
+        avg[name + "_count"] = [count]
+        if count < 1 / (1 - beta):
+            total = [t + v for t, v in zip(avg.get(name + "_total", zeros), value)]
+            avg[name + "_total"] = total
+            avg[name] = [t / count for t in total]
+        else:
+            avg[name] = [beta * a + (1 - beta) * v for a, v in zip(avg[name], value)]
+
+    # ---- optimizer API ---------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
+        """Zero the grads and start a new window: statistics of backward passes that no step()
+        consumed (a window the loop abandoned) are dropped with their grads."""
+        if set_to_none is None:
+            self._optimizer.zero_grad()
+        else:
+            self._optimizer.zero_grad(set_to_none=set_to_none)
+        self._reset_window()
+
+    def add_param_group(self, param_group: dict) -> None:
+        self._outside_window("add_param_group")
+        self._optimizer.add_param_group(param_group)
+        for name, value in self._avg.items():
+            if not name.endswith("_count"):
+                fill = 1.0 if name == _SQR else 0.0
+                self._avg[name] = [*value, fill]
+        self._local = self._zeros()
+        self.unhook()
+        self._hook()
+
+    # The inner optimizer's, always (its load_state_dict replaces its param_groups list).
+    @property
+    def param_groups(self) -> list[dict]:
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict]) -> None:
+        self._optimizer.param_groups = groups
+
+    @property
+    def defaults(self) -> dict:
+        return self._optimizer.defaults
+
+    @property
+    def state(self):
+        return self._optimizer.state
+
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict plus the statistics (under ``_state_key``): tensors and
+        floats only."""
+        window = self._pending
+        return {**self._optimizer.state_dict(), self._state_key: {
+            **{name: torch.tensor(value, dtype=torch.float64) for name, value in self._avg.items()},
+            "local": self._local.clone(), "backwards": self._backwards, "scale": self._scale,
+            "smoothing": self._smoothing, "num_gradients_to_accumulate": self._accum,
+            **({} if window is None else {
+                "ended_local": torch.tensor(window.local, dtype=torch.float64),
+                "ended_total": torch.tensor(window.total, dtype=torch.float64),
+                "ended_passes": window.passes, "ended_scale": window.scale,
+                "ended_at_backward_end": window.at_backward_end}),
+        }}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Also takes the state dict of a plain optimizer (a run that adds AdaScale on resume): the
+        statistics then start afresh, with a warning."""
+        state_dict = dict(state_dict)
+        if self._state_key not in state_dict:
+            warnings.warn(f"{self._name}.load_state_dict: no {self._name} statistics in this state dict (saved from "
+                          "the bare optimizer?); loading the optimizer state and starting the statistics afresh",
+                          stacklevel=2)
+            self._optimizer.load_state_dict(state_dict)
+            self._reset_window()
+            return
+        saved = dict(state_dict.pop(self._state_key))
+        self._load_extra(saved)
+        self._optimizer.load_state_dict(state_dict)
+        self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
+        self._counts[0] = int(saved.pop("backwards"))
+        self._scale = float(saved.pop("scale"))
+        self._smoothing = float(saved.pop("smoothing"))
+        self._accum = int(saved.pop("num_gradients_to_accumulate"))
+        self._counts[2] = self._accum
+        self._pending = None if "ended_local" not in saved else _Window(
+            saved.pop("ended_local").tolist(), saved.pop("ended_total").tolist(), int(saved.pop("ended_passes")),
+            float(saved.pop("ended_scale")), bool(saved.pop("ended_at_backward_end")))
+        self._avg = {name: value.tolist() for name, value in saved.items()}
+
+    def __getattr__(self, name: str) -> Any:
+        """Anything else comes from the wrapped optimizer."""
+        if name == "_optimizer":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def _load_extra(self, saved: dict) -> None:
+        """Pop a subclass's own entries from its saved state (none here)."""
+
+    def __repr__(self) -> str:
+        return f"{self._name}(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
+
+
+class AdaScale(GradientStatistics):
     r"""Wraps any optimizer and multiplies each group's lr, for its step, by the AdaScale gain.
 
     Statistics (Johnson et al., "AdaScale SGD", ICML 2020; fairscale's estimator). N world size,
@@ -89,189 +532,31 @@ class AdaScale(torch.optim.Optimizer):
             norms were taken on scaled grads, and then only the scaler knows the scale.
     """
 
-    _step_supports_amp_scaling = True
+    _name = "AdaScale"
+    _state_key = "adascale"
 
     def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
                  debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None,
                  global_gain: bool = False):
-        self._optimizer = optimizer
         self._global_gain = global_gain
-        self._grad_scaler = grad_scaler
-        self._world_size = world_size if world_size is not None else (
-            dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
-        self._is_scaled_loss = is_scaled_loss
-        self._debias_ewma = debias_ewma
-        self._hooks: list = []
-        # [backward passes of the window, graph task id of the last, passes that end the window,
-        #  this AdaScale's handle]: the C++ hooks count in it and end the window (see _hook).
-        self._counts = torch.tensor([0, -1, 0, next(_handles)])
-        _WINDOW_OWNERS[int(self._counts[3])] = self
-        self._local = self._zeros()
-        # The ended window's sums, before the loss scales are known: see _end_window.
-        self._pending: _Window | None = None
-        self._last_loss_scale: float | None = None  # the loss scale of the last AMP step
-        self._warned_stale_scale = False
-        # The averages (and their accumulators), one float per group (tensors in the state dict).
-        self._avg: dict[str, list[float]] = {_SQR: [1.0] * len(self.param_groups),
-                                             _VAR: [0.0] * len(self.param_groups)}
         self.scale_invariant_steps = 0.0
-        self.set_num_gradients_to_accumulate(num_gradients_to_accumulate, update_smoothing=True)
-        if smoothing is not None:
-            self._smoothing = float(smoothing)
-        if self._world_size * self._accum <= 1:
-            raise RuntimeError(
-                "AdaScale needs world_size * num_gradients_to_accumulate > 1: it estimates the gradient "
-                "variance from several micro-batches (use DDP with more ranks, or accumulate gradients)"
-            )
-        self._scale = float(self._world_size * self._accum if scale is None else scale)
-        if self._scale < 1:
-            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
-        self._hook()
-
-    # ---- hooks: per-micro-batch local norms --------------------------------------------------
-    def _hook(self) -> None:
-        hooked = [(gi, p) for gi, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
-        params, index = [p for _, p in hooked], [gi for gi, _ in hooked]
-        if _native_hooks_work(params):
-            positions = _ops.op("grad_norm_hooks")(params, index, self._local, self._counts)
-            self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
-        else:
-            self._hooks = [p.register_hook(functools.partial(self._on_grad, gi)) for gi, p in hooked]
-
-    def unhook(self) -> None:
-        """Remove the gradient hooks (AdaScale then sees no backward pass)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _on_grad(self, gi: int, grad: Tensor) -> None:
-        """The Python twin of the C++ hooks (``csrc/cpu/grad_norms.cpp``), for devices or builds
-        without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
-        in another autograd graph task than the last one counted starts a new backward pass; the
-        pass that completes the window ends it when it finishes (see ``_queue_window_end``).
-        (Keeping the grads for one batched call at the end of the backward costs more: autograd
-        then copies the first micro-batch's grads instead of moving them into ``.grad``, and the
-        allocator cannot reuse their memory.)"""
-        sum_squares_(self._local, [grad], [gi])
-        task = torch._C._current_graph_task_id()
-        if int(self._counts[1]) != task:
-            self._counts[1] = task
-            self._counts[0] += 1
-            if int(self._counts[0]) == int(self._counts[2]):
-                _queue_window_end(self._counts)
-
-    @property
-    def _backwards(self) -> int:
-        """Backward passes of the current window."""
-        return int(self._counts[0])
-
-    # ---- the gain ------------------------------------------------------------------------------
-    @property
-    def scale(self) -> float:
-        return self._scale
-
-    @property
-    def smoothing(self) -> float:
-        return self._smoothing
+        super().__init__(optimizer, world_size, scale, smoothing, num_gradients_to_accumulate, is_scaled_loss,
+                         debias_ewma, grad_scaler)
 
     def gain(self, pg_idx: int | None = None, scale: float | None = None) -> float:
         """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups.
 
         Between the backward pass that completes a window and ``step()``, this is the gain that
         ``step()`` applies: the window's statistics are already in the averages it reads."""
-        avg = self._avg
-        if self._pending is not None:
-            avg = self._averaged(self._pending, *self._preview_loss_scales())
-            if scale is None:
-                scale = self._pending.scale
+        avg, window_scale = self._current()
         var, sqr = avg[_VAR], avg[_SQR]
         var, sqr = (sum(var), sum(sqr)) if pg_idx is None else (var[pg_idx], sqr[pg_idx])
-        s = self._scale if scale is None else scale
+        s = scale if scale is not None else window_scale if window_scale is not None else self._scale
         return (var + sqr) / (var / s + sqr)
 
-    def _preview_loss_scales(self) -> tuple[float, float]:
-        """The loss scales ``step()`` will divide the pending window's sums by, as far as they are
-        known before it: ``loss_scale`` if a caller set it, the scaler's current scale if
-        AdaScale was given ``grad_scaler``, else the last AMP step's (with a warning: the scaler may
-        have changed it since), else 1."""
-        loss_scale = getattr(self, "loss_scale", None)
-        if loss_scale is None and self._grad_scaler is not None and self._grad_scaler.is_enabled():
-            loss_scale = self._grad_scaler.get_scale()
-        if loss_scale is None and self._last_loss_scale is not None:
-            if not self._warned_stale_scale:
-                self._warned_stale_scale = True
-                warnings.warn("AdaScale.gain() before step() under a GradScaler that AdaScale was not given: it "
-                              "assumes the last step's loss scale; pass AdaScale(..., grad_scaler=scaler) for the "
-                              "exact gain", stacklevel=3)
-            loss_scale = self._last_loss_scale
-        loss_scale = 1.0 if loss_scale is None else float(loss_scale)
-        return loss_scale, loss_scale if self._pending.at_backward_end else 1.0
-
-    def set_scale(self, scale: float, update_estimate: bool = True) -> None:
-        """New S; the variance averages (and their accumulators) are rescaled by S_old/S_new."""
-        self._outside_window("set_scale")
-        if scale < 1:
-            raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
-        if update_estimate:
-            for name in (_VAR, _VAR + "_biased", _VAR + "_total"):
-                if name in self._avg:
-                    self._avg[name] = [v * (self._scale / scale) for v in self._avg[name]]
-        self._scale = float(scale)
-
-    @property
-    def world_size(self) -> int:
-        return self._world_size
-
-    @property
-    def num_gradients_to_accumulate(self) -> int:
-        return self._accum
-
-    def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
-        """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
-        self._outside_window("set_num_gradients_to_accumulate")
-        self._accum = _positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
-        self._counts[2] = self._accum
-        if update_smoothing:
-            self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
-
-    def set_world_size(self, world_size: int, update_smoothing: bool = True) -> None:
-        """New N (the ranks whose micro-batches a step pools); resets β to its default unless
-        update_smoothing=False. The scale is not changed (see :meth:`set_scale`)."""
-        self._outside_window("set_world_size")
-        self._world_size = _positive_int("world_size", world_size)
-        self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
-
-    def _outside_window(self, what: str) -> None:
-        if self._backwards:
-            raise RuntimeError(
-                f"AdaScale.{what} was called inside an accumulation window ({self._backwards} backward passes "
-                "since the last step); call it right after step()"
-            )
-
-    # ---- step ------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None):
-        """Run the closure, take the window's statistics into the averages, step the inner optimizer
-        with each group's lr multiplied by its gain; returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        skipped = found_inf is not None and float(found_inf) != 0
-        if self._pending is None and self._backwards and not skipped:
-            self._pending = self._end_window(at_backward_end=False)  # a short window (every rank steps)
-        window = self._pending
-        self._reset_window()
-        if skipped:
-            return loss
-        if window is not None:
-            micro_scale, grad_scale_of_total = self._loss_scales(window, grad_scale, found_inf)
-            if found_inf is not None:
-                self._last_loss_scale = micro_scale
-            self._avg = self._averaged(window, micro_scale, grad_scale_of_total)
-        scale = self._scale if window is None else window.scale
+    def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        """The inner step with each group's lr multiplied by its gain (then restored exactly); τ += gain()."""
         gains = [self.gain(None if self._global_gain else gi, scale) for gi in range(len(self.param_groups))]
         lrs = [group["lr"] for group in self.param_groups]
         for group, g in zip(self.param_groups, gains):
@@ -282,220 +567,15 @@ class AdaScale(torch.optim.Optimizer):
             for group, lr in zip(self.param_groups, lrs):
                 group["lr"] = lr
         self.scale_invariant_steps += self.gain(scale=scale)
-        return loss
-
-    def scale_grad_by_num_grads_to_accum(self) -> None:
-        """Divide every ``.grad`` by c, the accumulation count (fairscale's method of this name):
-        with ``is_scaled_loss=False`` the grads hold the sum of the window's micro-batch grads,
-        and this makes them the mean before ``step()``. Call it after the window's last backward."""
-        if self._accum <= 1:
-            raise RuntimeError("AdaScale.scale_grad_by_num_grads_to_accum: num_gradients_to_accumulate is 1, "
-                               "there is nothing to scale")
-        if self._is_scaled_loss:
-            raise RuntimeError("AdaScale.scale_grad_by_num_grads_to_accum is for unscaled losses: this AdaScale has "
-                               "is_scaled_loss=True (the losses were divided by c already)")
-        if self._backwards and self._pending is None:
-            raise RuntimeError(f"AdaScale.scale_grad_by_num_grads_to_accum was called inside an accumulation window "
-                               f"({self._backwards} of {self._accum} backward passes); call it after the last one")
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        if grads:
-            torch._foreach_div_(grads, float(self._accum))
-
-    def _loss_scales(self, window: _Window, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
-        """The loss scales that the window's micro-batch sums and ``.grad`` sums carry: the
-        scaler's ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
-        ``grad_scaler``'s for the micro-batches, and for ``.grad`` too if its sums were taken at
-        the end of the backward pass (before the unscale), else 1."""
-        loss_scale = getattr(self, "loss_scale", None)
-        if loss_scale is not None:  # set by a caller whose grad_scale also holds a clip coefficient
-            return float(loss_scale), float(loss_scale)
-        if grad_scale is not None:
-            return float(grad_scale), float(grad_scale)
-        if found_inf is None:
-            return 1.0, 1.0
-        if self._grad_scaler is None:
-            raise RuntimeError(
-                "AdaScale.step: the grads were unscaled before step() (scaler.unscale_(optimizer)), but "
-                "AdaScale's micro-batch norms were taken on the scaled grads; pass the scaler, "
-                "AdaScale(optimizer, ..., grad_scaler=scaler), or let scaler.step() unscale"
-            )
-        scaler_scale = float(self._grad_scaler.get_scale())
-        return scaler_scale, scaler_scale if window.at_backward_end else 1.0
-
-    def _reset_window(self) -> None:
-        self._local.zero_()
-        self._counts[0] = 0
-        self._pending = None
-
-    def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
-        inner = self._optimizer
-        if grad_scale is None:
-            inner.step()
-        elif getattr(inner, "_step_supports_amp_scaling", False):
-            inner.grad_scale, inner.found_inf = grad_scale, found_inf
-            try:
-                inner.step()
-            finally:
-                del inner.grad_scale, inner.found_inf
-        else:  # an optimizer that expects unscaled grads
-            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-            torch._foreach_mul_(grads, 1.0 / float(grad_scale))
-            inner.step()
-
-    def _window_ended_in_backward(self) -> None:
-        """Called (through the ``adascale_window_end`` op) at the end of the backward pass that
-        completes the window."""
-        self._pending = self._end_window(at_backward_end=True)
-
-    def _end_window(self, at_backward_end: bool) -> _Window:
-        """The window's sums: the micro-batch sums pooled over ranks (the one all-reduce) and
-        ``.grad``'s, still carrying the loss scales (known only at ``step()``)."""
-        c = self._backwards
-        local = self._local.clone()
-        if self._world_size > 1:
-            dist.all_reduce(local)
-        params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
-        total = self._zeros()
-        grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
-        # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
-        return _Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
-                       at_backward_end)
-
-    def _averaged(self, window: _Window, micro_scale: float, grad_scale: float) -> dict[str, list[float]]:
-        """The averages after ``window`` (the current ones when it cannot estimate, or when its
-        statistics are not finite)."""
-        c, scale = window.passes, window.scale
-        local = [x / micro_scale**2 for x in window.local]
-        total = [x / grad_scale**2 for x in window.total]
-        if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
-            if self._is_scaled_loss:
-                local = [x * self._accum**2 for x in local]
-                total = [x * (self._accum / c) ** 2 for x in total]
-            else:
-                total = [x / c**2 for x in total]
-        cn = self._world_size * c
-        if cn <= 1:
-            return self._avg
-        var = [lo * (scale / cn) / (cn - 1) - to * scale / (cn - 1) for lo, to in zip(local, total)]
-        sqr = [max(to - v / scale, 0.0) for to, v in zip(total, var)]  # (max keeps a NaN: it is tested next)
-        var = [max(v, 1e-6) for v in var]
-        if not all(math.isfinite(x) for x in var + sqr):
-            return self._avg
-        avg = dict(self._avg)
-        self._update_avg(avg, _SQR, sqr)
-        self._update_avg(avg, _VAR, var)
-        return avg
-
-    def _zeros(self) -> Tensor:
-        """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
-        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
-        return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
-
-    def _update_avg(self, avg: dict[str, list[float]], name: str, value: list[float]) -> None:
-        """One EWMA step of ``avg[name]`` (and its accumulators) towards ``value``; ``avg``'s
-        lists are replaced, never changed in place."""
-        beta, zeros = self._smoothing, [0.0] * len(value)
-        if self._debias_ewma:
-            biased = [beta * b + (1 - beta) * v for b, v in zip(avg.get(name + "_biased", zeros), value)]
-            unbias = [beta * u + (1 - beta) for u in avg.get(name + "_unbias", zeros)]
-            avg[name + "_biased"], avg[name + "_unbias"] = biased, unbias
-            avg[name] = [b / u for b, u in zip(biased, unbias)]
-            return
-        count = avg.get(name + "_count", [0.0])[0] + 1
-        avg[name + "_count"] = [count]
-        if count < 1 / (1 - beta):
-            total = [t + v for t, v in zip(avg.get(name + "_total", zeros), value)]
-            avg[name + "_total"] = total
-            avg[name] = [t / count for t in total]
-        else:
-            avg[name] = [beta * a + (1 - beta) * v for a, v in zip(avg[name], value)]
-
-    # ---- optimizer API ---------------------------------------------------------------------------
-    def zero_grad(self, set_to_none: bool | None = None) -> None:
-        """Zero the grads and start a new window: statistics of backward passes that no step()
-        consumed (a window the loop abandoned) are dropped with their grads."""
-        if set_to_none is None:
-            self._optimizer.zero_grad()
-        else:
-            self._optimizer.zero_grad(set_to_none=set_to_none)
-        self._reset_window()
-
-    def add_param_group(self, param_group: dict) -> None:
-        self._outside_window("add_param_group")
-        self._optimizer.add_param_group(param_group)
-        for name, value in self._avg.items():
-            if not name.endswith("_count"):
-                fill = 1.0 if name == _SQR else 0.0
-                self._avg[name] = [*value, fill]
-        self._local = self._zeros()
-        self.unhook()
-        self._hook()
-
-    # The inner optimizer's, always (its load_state_dict replaces its param_groups list).
-    @property
-    def param_groups(self) -> list[dict]:
-        return self._optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict]) -> None:
-        self._optimizer.param_groups = groups
-
-    @property
-    def defaults(self) -> dict:
-        return self._optimizer.defaults
-
-    @property
-    def state(self):
-        return self._optimizer.state
 
     def state_dict(self) -> dict:
         """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only."""
-        window = self._pending
-        return {**self._optimizer.state_dict(), "adascale": {
-            **{name: torch.tensor(value, dtype=torch.float64) for name, value in self._avg.items()},
-            "local": self._local.clone(), "backwards": self._backwards, "scale": self._scale,
-            "smoothing": self._smoothing, "num_gradients_to_accumulate": self._accum,
-            "scale_invariant_steps": self.scale_invariant_steps,
-            **({} if window is None else {
-                "ended_local": torch.tensor(window.local, dtype=torch.float64),
-                "ended_total": torch.tensor(window.total, dtype=torch.float64),
-                "ended_passes": window.passes, "ended_scale": window.scale,
-                "ended_at_backward_end": window.at_backward_end}),
-        }}
+        state = super().state_dict()
+        state[self._state_key]["scale_invariant_steps"] = self.scale_invariant_steps
+        return state
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Also takes the state dict of a plain optimizer (a run that adds AdaScale on resume): the
-        statistics then start afresh, with a warning."""
-        state_dict = dict(state_dict)
-        if "adascale" not in state_dict:
-            warnings.warn("AdaScale.load_state_dict: no AdaScale statistics in this state dict (saved from the "
-                          "bare optimizer?); loading the optimizer state and starting the statistics afresh",
-                          stacklevel=2)
-            self._optimizer.load_state_dict(state_dict)
-            self._reset_window()
-            return
-        saved = dict(state_dict.pop("adascale"))
-        self._optimizer.load_state_dict(state_dict)
-        self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
-        self._counts[0] = int(saved.pop("backwards"))
-        self._scale = float(saved.pop("scale"))
-        self._smoothing = float(saved.pop("smoothing"))
-        self._accum = int(saved.pop("num_gradients_to_accumulate"))
-        self._counts[2] = self._accum
+    def _load_extra(self, saved: dict) -> None:
         self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
-        self._pending = None if "ended_local" not in saved else _Window(
-            saved.pop("ended_local").tolist(), saved.pop("ended_total").tolist(), int(saved.pop("ended_passes")),
-            float(saved.pop("ended_scale")), bool(saved.pop("ended_at_backward_end")))
-        self._avg = {name: value.tolist() for name, value in saved.items()}
-
-    def __getattr__(self, name: str) -> Any:
-        """Anything else comes from the wrapped optimizer."""
-        if name == "_optimizer":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self._optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"AdaScale(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
 
 
 @dataclass(frozen=True)
@@ -513,8 +593,8 @@ class _Window:
 
 
 _handles = itertools.count()
-# The live AdaScales by handle (counts[3]), for the window-end op the C++ hooks call.
-_WINDOW_OWNERS: weakref.WeakValueDictionary[int, AdaScale] = weakref.WeakValueDictionary()
+# The live GradientStatistics by handle (counts[3]), for the window-end op the C++ hooks call.
+_WINDOW_OWNERS: weakref.WeakValueDictionary[int, GradientStatistics] = weakref.WeakValueDictionary()
 
 
 def _window_end(counts: Tensor) -> None:

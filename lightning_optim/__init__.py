@@ -5,6 +5,8 @@
   ``--optimizer fused_optim.FusedSGD --optimizer.lr 0.1``.
 * :class:`AdaScaleCallback`: AdaScale for any module (wraps its optimizer, or syncs one it
   returns), τ-driven LR schedules, a τ target, logging, checkpoints.
+* :class:`NoiseScaleCallback`: the gradient noise scale (B_simple), the batch and the suggested
+  batch logged per update; optionally a batch-size ramp.
 * :class:`StepSchedulerCLI`: ``LightningCLI`` whose ``--lr_scheduler`` steps per update, so
   ``AdaScaleCallback`` drives it by τ.
 * :class:`ScaledHalfPrecision`: ``precision="16-true"`` with a dynamic loss scale, for fp16
@@ -15,7 +17,8 @@
 
 from .callback import AdaScaleCallback
 from .cli import StepSchedulerCLI
+from .noise_scale import NoiseScaleCallback
 from .precision import ScaledHalfPrecision
 from .strategy import AdaScaleDDPStrategy
 
-__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "ScaledHalfPrecision", "StepSchedulerCLI"]
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "NoiseScaleCallback", "ScaledHalfPrecision", "StepSchedulerCLI"]

@@ -17,12 +17,7 @@ def as_adascale(optimizer: torch.optim.Optimizer, world_size: int, accumulate: i
             return AdaScale(optimizer, world_size=world_size, num_gradients_to_accumulate=accumulate, **adascale_kwargs)
         except RuntimeError as err:
             raise RuntimeError(f"{err}. In Lightning: Trainer(accumulate_grad_batches=4), or more devices") from None
-    if (optimizer.world_size, optimizer.num_gradients_to_accumulate) != (world_size, accumulate):
-        default_scale = optimizer.scale == optimizer.world_size * optimizer.num_gradients_to_accumulate
-        optimizer.set_world_size(world_size)
-        optimizer.set_num_gradients_to_accumulate(accumulate)
-        if default_scale:
-            optimizer.set_scale(float(world_size * accumulate))
+    optimizer.set_window(world_size, accumulate)
     return optimizer
 
 

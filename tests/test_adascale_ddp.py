@@ -32,14 +32,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_workers(argvs: list[list[str]], logs: Path) -> list[tuple[int, str]]:
-    """Start ``adascale_worker.py *argv`` for every argv at once (the environment inherited: see
+def run_workers(argvs: list[list[str]], logs: Path, worker: Path = WORKER) -> list[tuple[int, str]]:
+    """Start ``worker *argv`` (default adascale_worker.py) for every argv at once (the environment inherited: see
     conftest.py for their PYTHONPATH); wait at most TIMEOUT for all, killing them all on a timeout.
     Returns (exit code, output) per worker."""
     procs = []
     for i, argv in enumerate(argvs):
         log = open(logs / f"worker{i}-{time.monotonic_ns()}.log", "w+")
-        procs.append((subprocess.Popen([sys.executable, str(WORKER), *argv], stdout=log,
+        procs.append((subprocess.Popen([sys.executable, str(worker), *argv], stdout=log,
                                        stderr=subprocess.STDOUT), log))
     deadline = time.monotonic() + TIMEOUT
     try:

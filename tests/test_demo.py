@@ -124,6 +124,7 @@ def _check_outputs(out, framework: str, scales: tuple[int, ...]):
             assert 1 - 1e-6 <= min(gains) == r["gain_min"] and r["gain_max"] == max(gains) <= run["scale"] + 1e-6
             assert t <= r["tau"] < t + gains[-1]  # stopped at the first update that reached T
             assert r["tau"] == pytest.approx(sum(gains))
+            assert all(g["b_simple"] is not None for g in r["gains"])  # the noise scale panel's points
             assert r["steps"] < t  # fewer updates than the baseline
         else:
             assert r["steps"] == t // run["scale"] and r["tau"] == t and r["gains"] == []
@@ -161,7 +162,8 @@ def test_report_table_and_plot_from_results(tmp_path):
     results = []
     for run in runs:
         steps = 40 // run.scale if run.method != "adascale" else 16
-        gains = [dict(step=i, tau=2.5 * i, gain=2.5) for i in range(1, steps + 1)] if run.method == "adascale" else []
+        gains = ([dict(step=i, tau=2.5 * i, gain=2.5, b_simple=40.0 + i) for i in range(1, steps + 1)]
+                 if run.method == "adascale" else [])
         curve = [dict(step=0, tau=0.0, val_loss=2.3, val_acc=10.0), dict(step=steps, tau=40.0, val_loss=0.5,
                                                                           val_acc=90.0)]
         results.append(dict(run=run.to_dict(), steps=steps, tau=40.0, val_loss=0.5, val_acc=90.0,

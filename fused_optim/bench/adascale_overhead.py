@@ -1,10 +1,11 @@
-"""AdaScale's overhead per training step, ours vs fairscale's, in one run (part of ``fused-optim bench``).
+"""AdaScale's overhead per training step, ours vs fairscale's, and NoiseScale's, in one run (part of
+``fused-optim bench``).
 
 The model is 100 ``Linear(w, w)`` layers (200 tensors: weights and biases); a training step is
 ``accum`` = 2 forward + backward passes of a batch of 32 and one FusedSGD step (momentum 0.9) with
 ``zero_grad()``. Three copies of the model, equal at the start, train interleaved round by round:
-bare FusedSGD, ``fused_optim.AdaScale`` around it and fairscale's ``AdaScale`` around it (when
-fairscale is installed). A wrapper's overhead is the median over rounds of its step time minus the
+bare FusedSGD, ``fused_optim.AdaScale`` around it, ``fused_optim.NoiseScale`` around it and fairscale's
+``AdaScale`` around it (when fairscale is installed). A wrapper's overhead is the median over rounds of its step time minus the
 bare step time of the same round; the table gives it in ms, as a fraction of the bare step, and
 ours over fairscale's.
 """
@@ -18,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..adascale import AdaScale
+from ..noise_scale import NoiseScale
 from ..sgd import FusedSGD
 
 WIDTHS = {"1M": 100, "25M": 500}  # param list id of the optimizer benchmark -> layer width
@@ -52,7 +54,7 @@ def _trainer(width: int, wrap: Callable | None) -> Callable[[], None]:
 def overhead(list_id: str, repeats: int, steps_per_sample: int = 2) -> dict:
     """Step times and overheads for the model of ``WIDTHS[list_id]``."""
     width = WIDTHS[list_id]
-    variants = {"bare FusedSGD": None, "fused_optim.AdaScale": AdaScale}
+    variants = {"bare FusedSGD": None, "fused_optim.AdaScale": AdaScale, "fused_optim.NoiseScale": NoiseScale}
     fairscale = _fairscale_adascale()
     if fairscale is not None:
         variants["fairscale AdaScale"] = fairscale
@@ -83,11 +85,12 @@ def markdown(results: list[dict]) -> list[str]:
     lines = [f"AdaScale overhead per training step ({ACCUM} backward passes of batch {BATCH} + FusedSGD step, "
              f"{LAYERS} Linear layers): median over rounds of (wrapped − bare) step time.", "",
              "| model | bare ms/step | fused_optim overhead ms | of bare | fairscale overhead ms | of bare "
-             "| ours / fairscale |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| ours / fairscale | NoiseScale overhead ms | of bare |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        ours, ref = r["fused_optim.AdaScale"], r.get("fairscale AdaScale")
+        ours, ref, noise = r["fused_optim.AdaScale"], r.get("fairscale AdaScale"), r["fused_optim.NoiseScale"]
         ref_cells = (f"{ref['overhead_ms']:.2f} | {ref['overhead_of_bare']:.1%} | {r['ours_over_fairscale']:.2f}"
                      if ref else "n/a | n/a | n/a (fairscale not installed)")
         lines.append(f"| {r['tensors']} tensors / {r['params'] / 1e6:.1f}M | {r['bare_ms']:.2f} | "
-                     f"{ours['overhead_ms']:.2f} | {ours['overhead_of_bare']:.1%} | {ref_cells} |")
+                     f"{ours['overhead_ms']:.2f} | {ours['overhead_of_bare']:.1%} | {ref_cells} | "
+                     f"{noise['overhead_ms']:.2f} | {noise['overhead_of_bare']:.1%} |")
     return lines

@@ -373,7 +373,8 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     for r in adascale:
         print(f"adascale {r['tensors']} tensors / {r['params'] / 1e6:.1f}M: overhead "
               f"{r['fused_optim.AdaScale']['overhead_ms']:.2f} ms, fairscale's "
-              f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms", flush=True)
+              f"{r.get('fairscale AdaScale', {}).get('overhead_ms', float('nan')):.2f} ms, NoiseScale "
+              f"{r['fused_optim.NoiseScale']['overhead_ms']:.2f} ms", flush=True)
     masters = [master_weights.bench(opt, list_id, repeats) for list_id in lists if list_id in master_weights.LISTS
                for opt in ("adamw", "sgd")]
     for r in masters:

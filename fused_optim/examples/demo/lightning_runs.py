@@ -80,8 +80,9 @@ class RecordingProgressBar(ProgressBar):
         if not trainer.is_global_zero or trainer.global_step == self.recorder.steps:
             return  # a micro-batch that only accumulated
         opt = trainer.strategy.optimizers[0]
-        tau = opt.scale_invariant_steps if isinstance(opt, AdaScale) else None
-        self.recorder.update(pl_module.net, trainer.global_step, tau)
+        adascale = opt if isinstance(opt, AdaScale) else None
+        tau = None if adascale is None else adascale.scale_invariant_steps
+        self.recorder.update(pl_module.net, trainer.global_step, tau, adascale)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if trainer.is_global_zero:

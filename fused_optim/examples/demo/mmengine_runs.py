@@ -47,7 +47,8 @@ class RecordingHook(Hook):
             return  # the iteration only accumulated
         self.updates += 1
         if is_main_process():
-            self.recorder.update(_net(runner), self.updates, getattr(wrapper, "scale_invariant_iter", None))
+            tau = getattr(wrapper, "scale_invariant_iter", None)
+            self.recorder.update(_net(runner), self.updates, tau, None if tau is None else wrapper.optimizer)
 
     def after_train(self, runner) -> None:
         if is_main_process():

@@ -1,5 +1,6 @@
-"""What a demo run records, whatever framework trains it: validation curves in τ and updates and
-the gain of every update; a progress bar while it runs; one JSON file at the end."""
+"""What a demo run records, whatever framework trains it: validation curves in τ and updates, and
+the gain and gradient noise scale of every AdaScale update; a progress bar while it runs; one JSON
+file at the end."""
 
 from __future__ import annotations
 
@@ -50,14 +51,16 @@ class Recorder:
                          bar_format="{desc}: {percentage:3.0f}%|{bar}| τ {n:.0f}/{total:.0f} [{elapsed}{postfix}]")
         self._evaluate(model)
 
-    def update(self, model: nn.Module, steps: int, tau: float | None = None) -> None:
-        """After update number ``steps``; ``tau``: AdaScale's τ (None for a fixed-lr run). The gain
-        recorded is the update's increment of τ: the gain its lr got (also for a short window at
-        an epoch's end, whose gain has a smaller scale than the next :meth:`AdaScale.gain`)."""
+    def update(self, model: nn.Module, steps: int, tau: float | None = None, adascale=None) -> None:
+        """After update number ``steps``; ``tau``: AdaScale's τ (None for a fixed-lr run), and
+        ``adascale`` the AdaScale. The gain recorded is the update's increment of τ: the gain its lr
+        got (also for a short window at an epoch's end, whose gain has a smaller scale than the
+        next :meth:`AdaScale.gain`); ``b_simple`` is its gradient noise scale in samples."""
         if tau is None:
             tau = steps * self.run.nominal_gain
         else:
-            self.gains.append(dict(step=steps, tau=tau, gain=tau - self.tau))
+            self.gains.append(dict(step=steps, tau=tau, gain=tau - self.tau,
+                                   b_simple=None if adascale is None else adascale.noise_scale(self.run.batch_size)))
         self.steps, self.tau = steps, tau
         self._bar.update(min(tau, self.setup.budget) - self._bar.n)
         if tau >= self._next_eval - 1e-9:

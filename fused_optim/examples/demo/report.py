@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .plan import Setup
@@ -23,17 +24,18 @@ def table(results: list[dict], setup: Setup, framework: str) -> str:
 
 
 def plot(results: list[dict], setup: Setup, path: Path) -> None:
-    """Three panels: validation loss vs τ, validation loss vs optimizer updates (every run), and
-    the gain of every AdaScale update over τ (gray lines: the scales S, the gain's upper bound;
-    a Lightning epoch's short last window has a smaller one). Linear scaling is dashed, the DDP
-    run dotted (crosses in the gain panel)."""
+    """Four panels: validation loss vs τ, validation loss vs optimizer updates (every run), the
+    gain of every AdaScale update over τ (gray lines: the scales S, the gain's upper bound; a
+    Lightning epoch's short last window has a smaller one), and the gradient noise scale B_simple
+    the AdaScale runs measured (gray lines: their batches B·S). Linear scaling is dashed, the DDP
+    run dotted (crosses in the gain and noise panels)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, (by_tau, by_step, gain) = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    fig, (by_tau, by_step, gain, noise) = plt.subplots(1, 4, figsize=(21, 4.8), constrained_layout=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(results):
         run = r["run"]
@@ -43,16 +45,22 @@ def plot(results: list[dict], setup: Setup, path: Path) -> None:
         by_tau.plot([c["tau"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **style)
         by_step.plot([c["step"] for c in r["curve"]], [c["val_loss"] for c in r["curve"]], **style)
         if r["gains"]:
-            gain.plot([g["tau"] for g in r["gains"]], [g["gain"] for g in r["gains"]], color=style["color"],
-                      marker="o" if run["world_size"] == 1 else "x", markersize=1.5, linestyle="none")
+            points = dict(color=style["color"], marker="o" if run["world_size"] == 1 else "x", markersize=1.5,
+                          linestyle="none")
+            gain.plot([g["tau"] for g in r["gains"]], [g["gain"] for g in r["gains"]], **points)
+            measured = [g for g in r["gains"] if g.get("b_simple") is not None and 0 < g["b_simple"] < math.inf]
+            noise.plot([g["tau"] for g in measured], [g["b_simple"] for g in measured], **points)
     for s in sorted({r["run"]["scale"] for r in results if r["gains"]}):
         gain.axhline(s, color="gray", linestyle=":", linewidth=0.8)
+        noise.axhline(s * setup.batch_size, color="gray", linestyle=":", linewidth=0.8)
     for ax, x, xlabel in ((by_tau, "τ", "τ (scale-invariant steps; linear scaling: S per update)"),
                           (by_step, "updates", "optimizer updates")):
         ax.set(xlabel=xlabel, ylabel="validation loss (log)", yscale="log", title=f"validation loss vs {x}")
         ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
         ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%.2g"))
     gain.set(xlabel="τ", ylabel="gain", title="AdaScale gain (gray: the scales S, its bound)", ylim=(0, None))
+    noise.set(xlabel="τ", ylabel="B_simple, samples (log)", yscale="log",
+              title="gradient noise scale (gray: the batches B·S)")
     by_tau.legend(fontsize=8)
     fig.suptitle(f"AdaScale vs linear scaling on digits: batch {setup.batch_size}·S, budget T = {setup.budget}")
     fig.savefig(path, dpi=110)

@@ -1,0 +1,72 @@
+"""The noise scale in the frameworks: lightning_optim.NoiseScaleCallback and
+mmengine_optim.NoiseScaleHook log B_simple, the batch and the suggested batch under the shared
+names (fused_optim.metrics), with or without AdaScale, and their batch-size ramp raises the
+accumulation count of the loop and of the statistics together."""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+from test_lightning import FAST, Regressor, SpyLogger, loader, sgd
+from test_mmengine_runner import ADASCALE, BASELINE, train
+
+import lightning_optim
+from fused_optim import AdaScale, NoiseScale
+from fused_optim.metrics import BATCH, NOISE_SCALE, SUGGESTED_BATCH
+
+KEYS = (NOISE_SCALE, BATCH, SUGGESTED_BATCH)
+
+
+@pytest.mark.parametrize("adascale", [False, True], ids=["noise-scale", "with-adascale-callback"])
+def test_lightning_callback_logs_per_update_and_ramps_the_accumulation(adascale):
+    """16 micro-batches of 4 samples per epoch, accumulation 2 (batch 8): 8 updates in epoch 0;
+    B_simple is then above 32 samples, so with max_accumulation=8 epoch 1 accumulates 8 (batch
+    32, 2 updates per epoch)."""
+    spy = SpyLogger()
+    callbacks = [lightning_optim.NoiseScaleCallback(micro_batch_size=4, prog_bar=True, max_accumulation=8,
+                                                    min_windows=2)]
+    if adascale:
+        callbacks.append(lightning_optim.AdaScaleCallback())
+    trainer = pl.Trainer(max_epochs=2, accumulate_grad_batches=2, log_every_n_steps=1, callbacks=callbacks,
+                         **{**FAST, "logger": spy})
+    trainer.fit(Regressor(sgd), loader(16))
+    opt = trainer.optimizers[0]
+    assert type(opt).__name__.endswith("AdaScale" if adascale else "NoiseScale")  # (Lightning subclasses it)
+    assert [step for step, _ in spy.series(NOISE_SCALE)] == list(range(10))  # once per update
+    assert [b for _, b in spy.series(BATCH)] == [8.0] * 8 + [32.0] * 2
+    assert [b for _, b in spy.series(SUGGESTED_BATCH)][-1] == 32.0  # (capped by max_accumulation)
+    assert trainer.accumulate_grad_batches == opt.num_gradients_to_accumulate == 8
+    if adascale:
+        assert isinstance(opt, AdaScale) and opt.scale == 8.0  # the default scale follows the count
+    # logged as float32: a relative rounding of 2**-24
+    assert spy.series(NOISE_SCALE)[-1][1] == pytest.approx(opt.noise_scale(4), rel=1e-6)
+    assert NOISE_SCALE in trainer.progress_bar_metrics
+
+
+def test_lightning_callback_needs_accumulation_or_devices():
+    trainer = pl.Trainer(max_steps=1, callbacks=[lightning_optim.NoiseScaleCallback(micro_batch_size=4)], **FAST)
+    with pytest.raises(RuntimeError, match=r"NoiseScale needs .*Trainer\(accumulate_grad_batches=4\)"):
+        trainer.fit(Regressor(sgd), loader(4))
+
+
+@pytest.mark.parametrize("config", [BASELINE, ADASCALE], ids=["fused-wrapper", "adascale-wrapper"])
+def test_mmengine_hook_logs_per_update_and_ramps_accumulative_counts(config, tmp_path):
+    """The digits configs with accumulative_counts=2 (batch 64): from the 4th update B_simple is
+    above 128 samples, and with max_accumulation=4 the count becomes 4 at the next update whose
+    iteration it divides (iteration 8)."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"_base_ = [{str(config)!r}]\noptim_wrapper = dict(accumulative_counts=2)\n"
+                   "custom_hooks = [dict(type='mmengine_optim.NoiseScaleHook', max_accumulation=4, min_windows=2)]\n")
+    runner = train(cfg, tmp_path, "train_cfg.max_iters=16", "default_hooks.logger.interval=2")
+    (scalars,) = tmp_path.rglob("vis_data/scalars.json")
+    logged = [json.loads(line) for line in scalars.read_text().splitlines()]
+    logged = [r for r in logged if NOISE_SCALE in r]
+    assert [r["iter"] for r in logged] == list(range(2, 17, 2)) and all(set(KEYS) <= set(r) for r in logged)
+    assert [r[BATCH] for r in logged] == [64.0] * 3 + [128.0] * 5
+    wrapper = runner.optim_wrapper
+    opt = wrapper.optimizer
+    assert isinstance(opt, AdaScale if config == ADASCALE else NoiseScale)
+    assert wrapper._accumulative_counts == opt.num_gradients_to_accumulate == 4
+    assert logged[-1][NOISE_SCALE] == opt.noise_scale(32)
