@@ -91,6 +91,34 @@ def resumed(make, grads, stop: int) -> tuple[list, list, dict]:
     return runs[0], runs[1], saved["opt"]
 
 
+def collectives(make) -> dict[str, int]:
+    """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
+    on a model of 4 tensors."""
+    import torch.distributed as dist
+
+    model = model_of([torch.ones(4, 6), torch.ones(4), torch.ones(3, 2, 2), torch.ones(3)])
+    opt = make(model)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    counts: dict[str, int] = {}
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "isend", "irecv")}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    try:
+        for name in originals:
+            setattr(dist, name, counting(name))
+        opt.step()
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return counts
+
+
 def expect_error(errors: dict, name: str, fn) -> None:
     try:
         fn()
@@ -136,6 +164,12 @@ def main(rank: int, world: int, out_dir: str) -> None:
                                                      random_sparse=True, seed=rank)
 
         checks["sparsified_resume"] = resumed(sparsified, rows["grads"], stop=2)
+        checks["collectives"] = {name: collectives(make) for name, make in {
+            "bucketed": lambda m: d.CentralizedSGD(2, m, lr=0.1),
+            "by_layer": lambda m: d.CentralizedSGD(2, m, lr=0.1, by_layer=True),
+            "powersgd": lambda m: d.PowerSGD(m, lr=0.1),
+            "decentralized": lambda m: d.DecentralizedSGD(rank, [1 - rank], m, lr=0.1),
+        }.items()}
         shapes = [(4, 6), (4,)] if rank == 0 else [(4, 6), (4,), (2,)]
         expect_error(errors, "unequal_params",
                      lambda: d.CentralizedSGD(2, model_of([torch.zeros(s) for s in shapes]), lr=0.1))
