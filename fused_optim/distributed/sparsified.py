@@ -38,6 +38,8 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
         None uses the process group's size (mlbench master's default 1 would skip the division).
     """
 
+    _step_supports_amp_scaling = False  # this step does not read grad_scale / found_inf
+
     def __init__(self, params=None, lr: float | None = None, weight_decay: float = 0.0, sparse_grad_size: int = 10,
                  random_sparse: bool = False, world_size: int | None = None, average_world: bool = True, *,
                  seed: int | None = None):

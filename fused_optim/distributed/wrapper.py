@@ -17,6 +17,10 @@ class CommunicatingOptimizer(torch.optim.Optimizer):
     """Subclasses implement ``_before_step()`` (e.g. average the grads) and/or ``_after_step()``
     (e.g. average the params), and ``_comm_state`` / ``_load_comm_state`` for their own state."""
 
+    # GradScaler must unscale the grads itself (the inner optimizer's unscaling would be skipped:
+    # the scaler hands grad_scale to this object, not to the inner one).
+    _step_supports_amp_scaling = False
+
     def __init__(self, optimizer: torch.optim.Optimizer):
         # torch.optim.Optimizer.__init__ is not called: the groups and state are the inner optimizer's.
         if not isinstance(optimizer, torch.optim.Optimizer):
