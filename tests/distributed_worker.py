@@ -47,22 +47,30 @@ def build(case: dict, model: torch.nn.Module, rank: int):
     return getattr(d, cls)(world, model, **options)
 
 
-def replay(case: dict, rank: int, steps=None) -> list[list[torch.Tensor]]:
+def replay(case: dict, rank: int, in_closure: bool = False) -> list[list[torch.Tensor]]:
     """Our optimizer on the case's grads, the reference's draws injected (PowerSGD's Q, the
-    sparsified coordinates); the params after each step."""
+    sparsified coordinates); the params after each step. ``in_closure``: the grads are set by the
+    closure passed to step (which must run before any communication)."""
     data = case["ranks"][rank]
     model = model_of(data["init"])
     opt = build(case, model, rank)
     denom = case["options"].get("denom")
     out = []
-    for t, grads in enumerate(data["grads"][:steps]):
+    for t, grads in enumerate(data["grads"]):
         if "queries" in data:
             opt._draw_queries = lambda qs, t=t: [q.copy_(r) for q, r in zip(qs, data["queries"][t])]
         if "indices" in data:
             opt._draw = lambda params, group, t=t: [torch.tensor(i, dtype=torch.long) for i in data["indices"][t]]
-        for p, g in zip(model.parameters(), grads):
-            p.grad = g.clone()
-        opt.step(denom=denom) if denom is not None else opt.step()
+        def closure(grads=grads):
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            return 0.0
+
+        if in_closure:
+            assert opt.step(closure) == 0.0
+        else:
+            closure()
+            opt.step(denom=denom) if denom is not None else opt.step()
         out.append([p.detach().clone() for p in model.parameters()])
     return out
 
@@ -148,6 +156,8 @@ def main(rank: int, world: int, out_dir: str) -> None:
         full = dict(by_id["powersgd_full_rank"], optimizer="CentralizedSGD",
                     options={k: v for k, v in by_id["powersgd_full_rank"]["options"].items() if k != "rank"})
         checks["exact_average"] = replay(full, rank)
+        for name in ("centralized_sgd", "powersgd_rank1"):
+            checks[f"closure_{name}"] = replay(by_id[name], rank, in_closure=True)
         grads = by_id["powersgd_rank2_warm_start"]["ranks"][rank]["grads"]
         init = by_id["powersgd_rank2_warm_start"]["ranks"][rank]["init"]
 

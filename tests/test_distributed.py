@@ -75,6 +75,15 @@ def test_replays_mlbench_per_rank(case, request):
         assert_trajectory(result["golden"][case["id"]], case["ranks"][rank]["expected"], f"rank {rank}")
 
 
+@pytest.mark.parametrize("name", ["centralized_sgd", "powersgd_rank1"])
+def test_the_closure_runs_before_the_communication(ranks2, name):
+    """Grads produced by the closure given to step() are the ones averaged (mlbench averaged the
+    previous grads, then ran the closure)."""
+    case = next(c for c in GOLDEN["cases"] if c["id"] == name)
+    for rank, result in enumerate(ranks2):
+        assert_trajectory(result["checks"][f"closure_{name}"], case["ranks"][rank]["expected"], f"rank {rank}")
+
+
 def test_decentralized_ranks_differ_and_centralized_agree(ranks4):
     """The golden cases are not degenerate: gossip on a ring leaves the 4 models different, while
     all-reduce keeps them identical."""
@@ -195,6 +204,18 @@ def test_single_process_is_the_inner_optimizer():
 def test_bad_arguments(make, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):
         make(model_of((2, 3)))
+
+
+def test_frozen_params_are_left_alone():
+    """Params that do not require grad are neither communicated nor stepped (weight decay would
+    otherwise move them)."""
+    m = model_of((2, 3), (3,))
+    m.p1.requires_grad_(False)
+    frozen = m.p1.detach().clone()
+    opt = d.CentralizedSGD(None, m, lr=0.1, weight_decay=0.1)
+    m.p0.grad = torch.ones_like(m.p0)
+    opt.step()
+    assert torch.equal(m.p1, frozen) and [p for g in opt.param_groups for p in g["params"]] == [m.p0]
 
 
 def test_custom_average_needs_a_divisor():

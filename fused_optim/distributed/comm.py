@@ -24,12 +24,13 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 
 
 def params_of(model) -> list[Tensor]:
-    """The params of a ``torch.nn.Module`` (mlbench's ``model`` argument), or of an iterable."""
+    """The params that require grad of a ``torch.nn.Module`` (mlbench's ``model`` argument), or of
+    an iterable of params: frozen params are neither communicated nor stepped (as under DDP)."""
     if model is None:
         raise ValueError('"model" not set for optimizer: pass the torch.nn.Module whose parameters it trains')
-    params = list(model.parameters() if isinstance(model, torch.nn.Module) else model)
+    params = [p for p in (model.parameters() if isinstance(model, torch.nn.Module) else model) if p.requires_grad]
     if not params:
-        raise ValueError("the model has no parameters: nothing to optimize")
+        raise ValueError("the model has no parameters that require grad: nothing to optimize")
     return params
 
 
