@@ -8,10 +8,13 @@ No ``custom_imports`` is needed for scoped names::
 
 Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mmengine_optim'])``
 (see :mod:`.optimizers` for the names left to other libraries). Train with
-``python -m mmengine_optim.train CONFIG``.
+``python -m mmengine_optim.train CONFIG``. The distributed optimizers (``mmengine_optim.CentralizedSGD``,
+``PowerSGD``, …) train under ``model_wrapper_cfg=dict(type='mmengine_optim.OptimizerSyncedModel')``:
+see :mod:`.distributed`.
 """
 
 from .colossalai_wrapper import ColossalAIOptimWrapper
+from .distributed import OptimizerSyncedModel, register_distributed
 from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
@@ -23,6 +26,7 @@ for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapp
     for _obj in _objs:
         register(_registry, _obj)
 register_optimizers()
+register_distributed()
 
 __all__ = [
     "AdaScaleOptimWrapper",
@@ -32,7 +36,9 @@ __all__ = [
     "LossScaler",
     "OPTIMIZERS",
     "OPTIM_WRAPPERS",
+    "OptimizerSyncedModel",
     "UpdateParamSchedulerHook",
     "WeightsOnlyCheckpointHook",
+    "register_distributed",
     "register_optimizers",
 ]

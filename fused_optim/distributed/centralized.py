@@ -101,7 +101,8 @@ class CentralizedSGD(GenericCentralizedOptimizer):
     def __init__(self, world_size: int | None = None, model=None, lr: float | None = None, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, use_cuda: bool = False,
                  by_layer: bool = False, agg_grad: bool = True, **kwargs):
-        inner = SGD(comm.params_of(model), lr=comm.given_lr(lr), momentum=momentum, dampening=dampening,
+        model = comm.params_of(model)  # once: it may be a generator
+        inner = SGD(model, lr=comm.given_lr(lr), momentum=momentum, dampening=dampening,
                     weight_decay=weight_decay, nesterov=nesterov)
         super().__init__(world_size, model, use_cuda, by_layer, agg_grad=agg_grad, optimizer=inner, **kwargs)
 
@@ -113,7 +114,8 @@ class CentralizedAdam(GenericCentralizedOptimizer):
     def __init__(self, world_size: int | None = None, model=None, lr: float | None = None, betas=(0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, use_cuda: bool = False,
                  by_layer: bool = False, agg_grad: bool = True, **kwargs):
-        inner = Adam(comm.params_of(model), lr=comm.given_lr(lr), betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
+        model = comm.params_of(model)  # once: it may be a generator
+        inner = Adam(model, lr=comm.given_lr(lr), betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad)
         super().__init__(world_size, model, use_cuda, by_layer, agg_grad=agg_grad, optimizer=inner, **kwargs)
 
 

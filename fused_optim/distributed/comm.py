@@ -28,7 +28,11 @@ def params_of(model) -> list[Tensor]:
     an iterable of params: frozen params are neither communicated nor stepped (as under DDP)."""
     if model is None:
         raise ValueError('"model" not set for optimizer: pass the torch.nn.Module whose parameters it trains')
-    params = [p for p in (model.parameters() if isinstance(model, torch.nn.Module) else model) if p.requires_grad]
+    params = list(model.parameters() if isinstance(model, torch.nn.Module) else model)
+    if any(isinstance(p, dict) for p in params):
+        raise ValueError("param groups (dicts; mmengine's paramwise_cfg makes them) are not supported: the "
+                         "distributed optimizers communicate one param list, give them the model's parameters")
+    params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("the model has no parameters that require grad: nothing to optimize")
     return params
