@@ -52,7 +52,8 @@ def world_size_of(world_size: int | None, who: str) -> int:
         return actual
     if world_size > 1 and not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(f"{who}: world_size={world_size} but no process group: call "
-                           "torch.distributed.init_process_group (or fused_optim.process_group.init_process_group) first")
+                           "torch.distributed.init_process_group (or fused_optim.process_group.init_process_group) "
+                           "first")
     if world_size != actual:
         raise ValueError(f"{who}: world_size={world_size} but the process group has {actual} ranks: "
                          f"pass world_size={actual} (or leave it None)")
@@ -126,6 +127,7 @@ def check_same_params(who: str, params: Sequence[Tensor]) -> None:
     rows = gather_rows(fingerprint(params), params[0].device)
     if bool((rows == rows[0]).all()):
         return
-    described = ", ".join(f"rank {r}: {int(c)} tensors of {int(n)} elements" for r, (c, n, _) in enumerate(rows.tolist()))
+    described = ", ".join(f"rank {r}: {int(c)} tensors of {int(n)} elements"
+                          for r, (c, n, _) in enumerate(rows.tolist()))
     raise ValueError(f"{who}: the parameter lists differ across ranks ({described}; or same counts, different "
                      "shapes/dtypes): every rank must build the same model and pass its params in the same order")

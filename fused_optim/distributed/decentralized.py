@@ -53,8 +53,8 @@ class DecentralizedSGD(CommunicatingOptimizer):
         if not average_world:
             raise ValueError("DecentralizedSGD averages with its neighbours: average_world must be True")
         params = comm.params_of(model)
-        super().__init__(SGD(params, lr=comm.given_lr(lr), momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                             nesterov=nesterov))
+        super().__init__(SGD(params, lr=comm.given_lr(lr), momentum=momentum, dampening=dampening,
+                             weight_decay=weight_decay, nesterov=nesterov))
         self.model = model
         self.params = params
         self.neighbors = [int(n) for n in neighbors]

@@ -63,8 +63,8 @@ class PowerSGD(CommunicatingOptimizer):
         if not (isinstance(rank, int) and rank >= 1):
             raise ValueError(f"Invalid rank: {rank} (the rank of the approximation, an int >= 1)")
         params = comm.params_of(model)
-        super().__init__(SGD(params, lr=comm.given_lr(lr), momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                             nesterov=nesterov))
+        super().__init__(SGD(params, lr=comm.given_lr(lr), momentum=momentum, dampening=dampening,
+                             weight_decay=weight_decay, nesterov=nesterov))
         self.model = model
         self.params = params
         self.world_size = comm.world_size_of(world_size, "PowerSGD")

@@ -45,7 +45,8 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
                  seed: int | None = None):
         if params is None:
             raise ValueError('"params" not set for optimizer')
-        super().__init__(params, comm.given_lr(lr), weight_decay, sparse_grad_size, random_sparse, seed=seed, fused=False)
+        super().__init__(params, comm.given_lr(lr), weight_decay, sparse_grad_size, random_sparse, seed=seed,
+                         fused=False)
         self.world_size = comm.world_size_of(world_size, type(self).__name__)
         self.average_world = average_world
         if self.world_size > 1:

@@ -103,4 +103,4 @@ class CommunicatingOptimizer(torch.optim.Optimizer):
         return getattr(self.optimizer, name)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.optimizer!r})"
+        return f"{type(self).__name__}({self.__dict__.get('optimizer')!r})"

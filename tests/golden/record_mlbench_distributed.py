@@ -142,7 +142,8 @@ def worker(rank: int, world: int, store: str, out_dir: str) -> None:
 
             def recorded(param, lr):
                 sent = sparsify(param, lr)
-                idx = sent[0].long() if opt.random_sparse else torch.arange(int(sent[0, 0]), int(sent[0, 0]) + sent.shape[1] - 1)
+                begin = int(sent[0, 0])  # block: [begin, values...]; random: [indices; values]
+                idx = sent[0].long() if opt.random_sparse else torch.arange(begin, begin + sent.shape[1] - 1)
                 indices[-1].append(idx.tolist())  # ints: one_storage would make tensors float
                 return sent
 
