@@ -156,6 +156,13 @@ def main(rank: int, world: int, out_dir: str) -> None:
         full = dict(by_id["powersgd_full_rank"], optimizer="CentralizedSGD",
                     options={k: v for k, v in by_id["powersgd_full_rank"]["options"].items() if k != "rank"})
         checks["exact_average"] = replay(full, rank)
+        # torch's options: nothing compressed (rate 2 > n·m / ((n + m)·r) for every matrix), or not yet
+        # (start_iter): the exact average; the generator draws the queries (none recorded for these)
+        own = {**full, "optimizer": "PowerSGD", "ranks": [{k: v for k, v in r.items() if k != "queries"}
+                                                          for r in full["ranks"]]}
+        for name, extra in {"min_compression_rate": dict(rank=2, min_compression_rate=2.0),
+                            "start_iter": dict(rank=1, start_iter=2)}.items():
+            checks[f"powersgd_{name}"] = replay(dict(own, options={**full["options"], **extra}), rank)
         for name in ("centralized_sgd", "powersgd_rank1"):
             checks[f"closure_{name}"] = replay(by_id[name], rank, in_closure=True)
         grads = by_id["powersgd_rank2_warm_start"]["ranks"][rank]["grads"]

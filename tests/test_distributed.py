@@ -99,6 +99,18 @@ def test_powersgd_at_full_rank_is_the_exact_average(ranks2):
         assert_trajectory(result["golden"]["powersgd_full_rank"], result["checks"]["exact_average"], f"rank {rank}")
 
 
+def test_powersgd_min_compression_rate_and_start_iter(ranks2):
+    """torch's options: with min_compression_rate=2 no matrix of the case is worth compressing at
+    rank 2 (n·m ≤ 2·(n + m)·2), so every step is the exact average; with start_iter=2 the first
+    two steps are, and the third (rank 1, compressed) is not."""
+    for rank, result in enumerate(ranks2):
+        exact = result["checks"]["exact_average"]
+        assert_trajectory(result["checks"]["powersgd_min_compression_rate"], exact, f"rank {rank}")
+        late = result["checks"]["powersgd_start_iter"]
+        assert_trajectory(late[:2], exact[:2], f"rank {rank}")
+        assert (late[2][0] - exact[2][0]).abs().max() > 1e-3
+
+
 def test_low_rank_powersgd_is_not_the_exact_average(ranks2):
     """... while rank 1 is lossy (the golden case tests compression, not an all-reduce)."""
     lossy, exact = ranks2[0]["golden"]["powersgd_rank1"], ranks2[0]["checks"]["exact_average"]
