@@ -99,6 +99,22 @@ def resumed(make, grads, stop: int) -> tuple[list, list, dict]:
     return runs[0], runs[1], saved["opt"]
 
 
+def channels_last_run(memory_format, rank: int) -> list[torch.Tensor]:
+    """A conv's params after 3 PowerSGD steps, its weight and grads in ``memory_format``."""
+    from fused_optim import distributed as d
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3).double().to(memory_format=memory_format)
+    opt = d.PowerSGD(conv, lr=0.1, momentum=0.9, rank=1, seed=3)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(3):
+        for p in conv.parameters():
+            p.grad = torch.randn(p.shape, generator=gen, dtype=p.dtype).contiguous(
+                memory_format=memory_format if p.ndim == 4 else torch.contiguous_format)
+        opt.step()
+    return [p.detach().contiguous() for p in conv.parameters()]
+
+
 def collectives(make) -> dict[str, int]:
     """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
     on a model of 4 tensors."""
@@ -187,6 +203,8 @@ def main(rank: int, world: int, out_dir: str) -> None:
             "powersgd": lambda m: d.PowerSGD(m, lr=0.1),
             "decentralized": lambda m: d.DecentralizedSGD(rank, [1 - rank], m, lr=0.1),
         }.items()}
+        checks["channels_last"] = [channels_last_run(fmt, rank) for fmt in (torch.contiguous_format,
+                                                                             torch.channels_last)]
         shapes = [(4, 6), (4,)] if rank == 0 else [(4, 6), (4,), (2,)]
         expect_error(errors, "unequal_params",
                      lambda: d.CentralizedSGD(2, model_of([torch.zeros(s) for s in shapes]), lr=0.1))

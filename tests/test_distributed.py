@@ -111,6 +111,16 @@ def test_powersgd_min_compression_rate_and_start_iter(ranks2):
         assert (late[2][0] - exact[2][0]).abs().max() > 1e-3
 
 
+def test_powersgd_takes_channels_last_params(ranks2):
+    """A channels_last conv weight (and grad) is compressed as its contiguous twin: the same
+    logical matrix. Not bit for bit: the inner SGD updates the non-contiguous weight with its
+    reference implementation, the contiguous one with the kernel (float64, an ulp or so per step)."""
+    for result in ranks2:
+        plain, channels_last = result["checks"]["channels_last"]
+        for a, b in zip(plain, channels_last):
+            torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
+
+
 def test_low_rank_powersgd_is_not_the_exact_average(ranks2):
     """... while rank 1 is lossy (the golden case tests compression, not an all-reduce)."""
     lossy, exact = ranks2[0]["golden"]["powersgd_rank1"], ranks2[0]["checks"]["exact_average"]

@@ -13,6 +13,7 @@ never joins a collective is caught by the process group's ``timeout`` (pass a sh
 
 from __future__ import annotations
 
+import math
 import zlib
 from typing import Iterable, Sequence
 
@@ -81,14 +82,15 @@ def pack(tensors: Sequence[Tensor]) -> Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
-def views(flat: Tensor, like: Sequence[Tensor]) -> list[Tensor]:
-    """``flat`` cut into views shaped like ``like``."""
-    return [v.view(t.shape) for v, t in zip(flat.split([t.numel() for t in like]), like)]
+def views(flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
+    """``flat`` cut into consecutive views of the given shapes."""
+    sizes = [math.prod(s) for s in shapes]
+    return [v.view(s) for v, s in zip(flat.split(sizes), shapes)]
 
 
 def unpack_(flat: Tensor, tensors: Sequence[Tensor]) -> None:
-    """Copy ``flat`` back into ``tensors`` (one foreach call)."""
-    torch._foreach_copy_(list(tensors), views(flat, tensors))
+    """Copy ``flat`` back into ``tensors`` (one foreach call; any memory layout)."""
+    torch._foreach_copy_(list(tensors), views(flat, [t.shape for t in tensors]))
 
 
 def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divide_before: bool = False,

@@ -82,7 +82,8 @@ class PowerSGD(CommunicatingOptimizer):
         self.exact = [i for i in range(len(params)) if i not in set(self.compressed)]
         self._shapes = [shapes[i] for i in self.compressed]
         self._ranks = [min(n, m, rank) for n, m in self._shapes]
-        self.memories = [torch.zeros_like(params[i]) for i in self.compressed]
+        # contiguous (a channels_last grad's memory too): each is viewed as its n × m matrix
+        self.memories = [torch.zeros_like(params[i], memory_format=torch.contiguous_format) for i in self.compressed]
         self.q: Tensor | None = None  # the flat Q of all compressed params (warm start), once drawn
         if self.world_size > 1:
             comm.check_same_params("PowerSGD", params)
@@ -110,11 +111,11 @@ class PowerSGD(CommunicatingOptimizer):
         matrices = [s.view(n, m) for s, (n, m) in zip(self.memories, self._shapes)]
         dtype, device = grads[0].dtype, grads[0].device
         p_flat = torch.empty(sum(n * r for (n, _), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        ps = comm.views(p_flat, [torch.empty(n, r, device="meta") for (n, _), r in zip(self._shapes, self._ranks)])
+        ps = comm.views(p_flat, [(n, r) for (n, _), r in zip(self._shapes, self._ranks)])
         fresh = self.q is None or not self.reuse_query
         if self.q is None:
             self.q = torch.empty(sum(m * r for (_, m), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        qs = comm.views(self.q, [torch.empty(m, r, device="meta") for (_, m), r in zip(self._shapes, self._ranks)])
+        qs = comm.views(self.q, [(m, r) for (_, m), r in zip(self._shapes, self._ranks)])
         if fresh:
             self._draw_queries(qs)
         for mat, q, p in zip(matrices, qs, ps):
@@ -130,8 +131,9 @@ class PowerSGD(CommunicatingOptimizer):
         if exact:
             comm.all_reduce_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
         for g, mat, q, p in zip(grads, matrices, qs, ps):
-            torch.matmul(p, q.t(), out=g.view(mat.shape))
-            mat.sub_(g.view(mat.shape))  # E ← S − P·Qᵀ
+            update = torch.matmul(p, q.t())
+            mat.sub_(update)  # E ← S − P·Qᵀ
+            g.copy_(update.view(g.shape))
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
         """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer``."""

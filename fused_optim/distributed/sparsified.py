@@ -87,7 +87,7 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
             update.index_add_(0, flat_index, values)
             if self.average_world:
                 update.div_(self.world_size)
-            update = comm.views(update, params)
+            update = comm.views(update, [p.shape for p in params])
             if group["weight_decay"] != 0:
                 torch._foreach_add_(update, params, alpha=group["weight_decay"])
             torch._foreach_sub_(params, update)
