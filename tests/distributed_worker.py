@@ -1,6 +1,7 @@
 """Subprocess side of tests/test_distributed.py: one gloo rank.
 
     distributed_worker.py RANK WORLD OUT_DIR      (all ranks at once; they meet through OUT_DIR/store)
+    distributed_worker.py RANK missing OUT_DIR    (2 ranks, rank 1 absent from the first collective)
 
 Each rank replays the golden cases of its world size (tests/golden/mlbench_distributed.pt) with our
 classes, runs the state-dict and bad-input checks, and saves a dict to OUT_DIR/rank<r>.pt:
@@ -11,7 +12,9 @@ A check that raises where it should not is saved as its error message, for the t
 from __future__ import annotations
 
 import io
+import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import torch
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "mlbench_distributed.pt"
 TIMEOUT = timedelta(seconds=60)  # a missing rank fails a collective after this, instead of hanging
+MISSING_TIMEOUT = timedelta(seconds=3)  # the missing-rank check's: short, nothing else runs under it
 
 
 def model_of(init) -> torch.nn.Module:
@@ -220,5 +224,26 @@ def main(rank: int, world: int, out_dir: str) -> None:
     end_process_group()
 
 
+def missing_rank(rank: int, out_dir: str) -> None:
+    """2 ranks, rank 1 never constructs the optimizer: rank 0 must raise after the group's timeout
+    (MISSING_TIMEOUT), not wait forever. Rank 1 outlives that wait, then both leave without the
+    group's teardown (its collectives no longer match)."""
+    from fused_optim import distributed as d
+    from fused_optim.process_group import init_process_group
+
+    init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2,
+                       timeout=MISSING_TIMEOUT)
+    errors = {}
+    if rank == 0:
+        expect_error(errors, "missing", lambda: d.CentralizedSGD(2, model_of([torch.zeros(3)]), lr=0.1))
+    else:
+        time.sleep(2 * MISSING_TIMEOUT.total_seconds())
+    torch.save({"golden": {}, "checks": {}, "errors": errors}, f"{out_dir}/rank{rank}.pt")
+    sys.stdout.flush()
+    os._exit(0)  # no end_process_group: its barrier would meet the other rank's failed collective
+
+
 if __name__ == "__main__":
+    if sys.argv[2] == "missing":
+        missing_rank(int(sys.argv[1]), sys.argv[3])
     main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])

@@ -28,11 +28,13 @@ GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=Tru
 TOL = dict(rtol=2e-13, atol=2e-13)
 
 
-def launch(world: int, tmp: Path) -> list[dict]:
+def launch(world: int | str, tmp: Path) -> list[dict]:
+    """Run tests/distributed_worker.py on ``world`` ranks ("missing": its 2-rank missing-rank mode)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    logs = [open(tmp / f"log{r}", "w+") for r in range(world)]
+    n = 2 if world == "missing" else world
+    logs = [open(tmp / f"log{r}", "w+") for r in range(n)]
     procs = [subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), str(r), str(world), str(tmp)],
-                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(world)]
+                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(n)]
     try:
         for proc in procs:
             proc.wait(timeout=600)  # far above a loaded run: a hang fails instead of blocking the suite
@@ -44,7 +46,7 @@ def launch(world: int, tmp: Path) -> list[dict]:
     for r, (proc, log) in enumerate(zip(procs, logs)):
         log.seek(0)
         assert proc.returncode == 0, f"rank {r} of {world} failed:\n{log.read()[-3000:]}"
-    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +175,14 @@ def test_bad_neighbours_raise_on_every_rank(ranks4, name, pattern):
     """Every rank raises the same error (none waits for a message that never comes)."""
     for rank, result in enumerate(ranks4):
         assert re.search(pattern, result["errors"][name]), f"rank {rank}: {result['errors'][name]}"
+
+
+def test_a_missing_rank_is_an_error_after_the_timeout_not_a_hang(tmp_path):
+    """Rank 1 never constructs the optimizer: rank 0's construction raises, saying what is wrong,
+    once the process group's timeout (3 s here) has passed."""
+    rank0, _ = launch("missing", tmp_path)
+    assert re.search(r"CentralizedSGD: the ranks' agreement check at construction failed: every rank of the "
+                     r"process group must construct this optimizer; is a rank missing", rank0["errors"]["missing"])
 
 
 def test_ring_and_torus_neighbours(ranks4):

@@ -108,11 +108,16 @@ def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divi
         unpack_(flat, part)
 
 
-def gather_rows(row: Sequence[int], device=None) -> Tensor:
-    """Every rank's ``row`` (equal lengths), as an int64 [world, len] tensor on every rank."""
+def gather_rows(who: str, row: Sequence[int], device=None) -> Tensor:
+    """Every rank's ``row`` (equal lengths), as an int64 [world, len] tensor on every rank. A rank
+    that never joins makes the others raise once the process group's timeout has passed."""
     mine = torch.tensor(list(row), dtype=torch.int64, device=device)
     rows = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, mine)
+    try:
+        dist.all_gather(rows, mine)
+    except RuntimeError as e:
+        raise RuntimeError(f"{who}: the ranks' agreement check at construction failed: every rank of the process "
+                           f"group must construct this optimizer; is a rank missing, or did it fail? ({e})") from e
     return torch.stack(rows)
 
 
@@ -126,7 +131,7 @@ def fingerprint(tensors: Iterable[Tensor]) -> list[int]:
 def check_same_params(who: str, params: Sequence[Tensor]) -> None:
     """Raise on every rank unless every rank has the same param shapes and dtypes, in order (the
     flat buckets would silently mix different params, or wait forever for a longer one)."""
-    rows = gather_rows(fingerprint(params), params[0].device)
+    rows = gather_rows(who, fingerprint(params), params[0].device)
     if bool((rows == rows[0]).all()):
         return
     described = ", ".join(f"rank {r}: {int(c)} tensors of {int(n)} elements"

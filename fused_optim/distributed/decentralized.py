@@ -79,7 +79,7 @@ class DecentralizedSGD(CommunicatingOptimizer):
             else:
                 row[world] = 1
         row[world + 1] = int(self.rank != actual)
-        rows = comm.gather_rows(row, self.params[0].device) if world > 1 else torch.tensor([row])
+        rows = comm.gather_rows("DecentralizedSGD", row, self.params[0].device) if world > 1 else torch.tensor([row])
         wrong_rank = [r for r in range(world) if rows[r, world + 1]]
         if wrong_rank:
             raise ValueError(f"DecentralizedSGD: the rank argument differs from the process's rank in the group on "
