@@ -34,6 +34,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -128,6 +129,7 @@ def worker(rank: int, world: int, store: str, out_dir: str) -> None:
             continue
         seed = case_seed(case_id)
         torch.manual_seed(seed + rank)  # CentralizedSparsifiedSGD's constructor re-draws the params
+        np.random.seed(seed + rank)  # ... and draws its coordinates from numpy's global generator
         init = tensors(seed + (1 + rank if per_rank else 0), shapes)
         model = model_of(init)
         opt = build((central, decentral, agg), cls, options, model, rank, world)
