@@ -117,6 +117,19 @@ def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum,
                 nesterov=False, direction="clamp", clamp=10.0)
 
 
+def sparse_indices(d: int, k: int, random_sparse: bool, generator=None) -> torch.Tensor:
+    """The flat indices of the k coordinates sparsified SGD sends from a tensor of d elements (the
+    draws of csrc/shared/sparse_indices.h): randperm(d)[:k], or the block [b·k, min(b·k + k, d))
+    with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing."""
+    k = min(k, d)  # k >= d sends every coordinate
+    if d == 0:
+        return torch.empty(0, dtype=torch.long)  # nothing to send, nothing drawn
+    if random_sparse:
+        return torch.randperm(d, generator=generator)[:k]
+    start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
+    return torch.arange(start, min(start + k, d))
+
+
 def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_size, random_sparse, generator=None,
                     lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws)."""
@@ -125,15 +138,7 @@ def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_si
     lr = _lr(lr, lr_tensor)
     mul = lr * _grad_multiplier(grad_scale, False)
     for p, g, memory in zip(params, grads, memories):
-        d = p.numel()
-        k = min(sparse_grad_size, d)  # k >= d sends every coordinate
-        if d == 0:
-            index = torch.empty(0, dtype=torch.long)  # nothing to send, nothing drawn
-        elif random_sparse:
-            index = torch.randperm(d, generator=generator)[:k]
-        else:
-            start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
-            index = torch.arange(start, min(start + k, d))
+        index = sparse_indices(p.numel(), sparse_grad_size, random_sparse, generator)
         memory.copy_(_opmath(memory) + mul * _opmath(g).to(_opmath(memory).dtype))
         x = _opmath(p)
         p.copy_(x - weight_decay * x)

@@ -9,10 +9,13 @@ No ``custom_imports`` is needed for scoped names::
 
 Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mmengine_optim'])``
 (see :mod:`.optimizers` for the names left to other libraries). Train with
-``python -m mmengine_optim.train CONFIG``.
+``python -m mmengine_optim.train CONFIG``. The distributed optimizers (``mmengine_optim.CentralizedSGD``,
+``PowerSGD``, …) train under ``model_wrapper_cfg=dict(type='mmengine_optim.OptimizerSyncedModel')``:
+see :mod:`.distributed`.
 """
 
 from .colossalai_wrapper import ColossalAIOptimWrapper
+from .distributed import OptimizerSyncedModel, register_distributed
 from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .noise_scale import NoiseScaleHook
@@ -25,6 +28,7 @@ for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapp
     for _obj in _objs:
         register(_registry, _obj)
 register_optimizers()
+register_distributed()
 
 __all__ = [
     "AdaScaleOptimWrapper",
@@ -35,7 +39,9 @@ __all__ = [
     "NoiseScaleHook",
     "OPTIMIZERS",
     "OPTIM_WRAPPERS",
+    "OptimizerSyncedModel",
     "UpdateParamSchedulerHook",
     "WeightsOnlyCheckpointHook",
+    "register_distributed",
     "register_optimizers",
 ]

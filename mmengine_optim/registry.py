@@ -39,6 +39,7 @@ def _child(root):
 OPTIMIZERS = _child(_root.OPTIMIZERS)
 OPTIM_WRAPPERS = _child(_root.OPTIM_WRAPPERS)
 HOOKS = _child(_root.HOOKS)
+MODEL_WRAPPERS = _child(_root.MODEL_WRAPPERS)
 
 
 def register_bare(child: _root.Registry, name: str, obj) -> None:

@@ -1,0 +1,19 @@
+"""Optimizers that communicate over torch.distributed (gloo on CPU, nccl on GPU): mlbench_core's
+centralized, sparsified, PowerSGD and decentralized optimizers. See docs/distributed.md."""
+
+from .centralized import CentralizedAdam, CentralizedSGD, CustomCentralizedOptimizer, GenericCentralizedOptimizer
+from .decentralized import DecentralizedSGD, ring, torus
+from .powersgd import PowerSGD
+from .sparsified import CentralizedSparsifiedSGD
+
+__all__ = [
+    "CentralizedAdam",
+    "CentralizedSGD",
+    "CentralizedSparsifiedSGD",
+    "CustomCentralizedOptimizer",
+    "DecentralizedSGD",
+    "GenericCentralizedOptimizer",
+    "PowerSGD",
+    "ring",
+    "torus",
+]

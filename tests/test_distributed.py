@@ -1,0 +1,258 @@
+"""fused_optim.distributed on 2 and 4 gloo ranks (loopback): per-rank trajectories against
+mlbench-core's (tests/golden/mlbench_distributed.pt, recorded by
+tests/golden/record_mlbench_distributed.py), PowerSGD at full rank against the exact average,
+exact resume from a state dict, the collectives one step costs, and bad input raising the same
+error on every rank. Each world size is one launch of tests/distributed_worker.py (one process
+per rank, all checks in it); the tests read its results. Plus single-process checks."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fused_optim import distributed as d
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=True)
+# float64 (u = 1.1e-16). Ours and mlbench's differ only in summation order (one bucketed reduction
+# vs one per tensor, the order of the neighbours' sum, foreach vs per-tensor clip norms): at most
+# ~10 roundings per element per step on O(1) values, over 5 steps, amplified at most 10x by
+# momentum 0.9 (1 / (1 − 0.9)): 10·5·10 = 500 u ≈ 5.5e-14; Gram–Schmidt and Adam's division can
+# double that: 2e-13.
+TOL = dict(rtol=2e-13, atol=2e-13)
+
+
+def launch(world: int | str, tmp: Path) -> list[dict]:
+    """Run tests/distributed_worker.py on ``world`` ranks ("missing": its 2-rank missing-rank mode)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    n = 2 if world == "missing" else world
+    logs = [open(tmp / f"log{r}", "w+") for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), str(r), str(world), str(tmp)],
+                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(n)]
+    try:
+        for proc in procs:
+            proc.wait(timeout=600)  # far above a loaded run: a hang fails instead of blocking the suite
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, (proc, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        assert proc.returncode == 0, f"rank {r} of {world} failed:\n{log.read()[-3000:]}"
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(n)]
+
+
+@pytest.fixture(scope="module")
+def ranks2(tmp_path_factory):
+    return launch(2, tmp_path_factory.mktemp("dist2"))
+
+
+@pytest.fixture(scope="module")
+def ranks4(tmp_path_factory):
+    return launch(4, tmp_path_factory.mktemp("dist4"))
+
+
+def assert_trajectory(ours, expected, what: str) -> None:
+    assert not isinstance(ours, str), f"{what} raised: {ours}"
+    assert len(ours) == len(expected)
+    for t, (step_ours, step_expected) in enumerate(zip(ours, expected)):
+        for i, (a, b) in enumerate(zip(step_ours, step_expected)):
+            torch.testing.assert_close(a, b, **TOL, msg=lambda m: f"{what}, step {t}, param {i}: {m}")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c["id"]) for c in GOLDEN["cases"]])
+def test_replays_mlbench_per_rank(case, request):
+    """Every rank's params after every step equal mlbench's on that rank (same grads, and for
+    PowerSGD / CentralizedSparsifiedSGD the same random draws)."""
+    assert GOLDEN["reference"].startswith("mlbench-core 3.0.0")
+    results = request.getfixturevalue("ranks2" if case["world_size"] == 2 else "ranks4")
+    for rank, result in enumerate(results):
+        assert_trajectory(result["golden"][case["id"]], case["ranks"][rank]["expected"], f"rank {rank}")
+
+
+@pytest.mark.parametrize("name", ["centralized_sgd", "powersgd_rank1"])
+def test_the_closure_runs_before_the_communication(ranks2, name):
+    """Grads produced by the closure given to step() are the ones averaged (mlbench averaged the
+    previous grads, then ran the closure)."""
+    case = next(c for c in GOLDEN["cases"] if c["id"] == name)
+    for rank, result in enumerate(ranks2):
+        assert_trajectory(result["checks"][f"closure_{name}"], case["ranks"][rank]["expected"], f"rank {rank}")
+
+
+def test_decentralized_ranks_differ_and_centralized_agree(ranks4):
+    """The golden cases are not degenerate: gossip on a ring leaves the 4 models different, while
+    all-reduce keeps them identical."""
+    ring = [r["golden"]["decentralized_ring_4"][-1][0] for r in ranks4]
+    assert not torch.equal(ring[0], ring[1])
+    central = [r["golden"]["centralized_sgd_4"][-1][0] for r in ranks4]
+    assert all(torch.equal(central[0], c) for c in central)
+
+
+def test_powersgd_at_full_rank_is_the_exact_average(ranks2):
+    """rank ≥ min(n, m) for every matrix: PowerSGD follows CentralizedSGD (exact all-reduce)."""
+    for rank, result in enumerate(ranks2):
+        assert_trajectory(result["golden"]["powersgd_full_rank"], result["checks"]["exact_average"], f"rank {rank}")
+
+
+def test_powersgd_min_compression_rate_and_start_iter(ranks2):
+    """torch's options: with min_compression_rate=2 no matrix of the case is worth compressing at
+    rank 2 (n·m ≤ 2·(n + m)·2), so every step is the exact average; with start_iter=2 the first
+    two steps are, and the third (rank 1, compressed) is not."""
+    for rank, result in enumerate(ranks2):
+        exact = result["checks"]["exact_average"]
+        assert_trajectory(result["checks"]["powersgd_min_compression_rate"], exact, f"rank {rank}")
+        late = result["checks"]["powersgd_start_iter"]
+        assert_trajectory(late[:2], exact[:2], f"rank {rank}")
+        assert (late[2][0] - exact[2][0]).abs().max() > 1e-3
+
+
+def test_powersgd_takes_channels_last_params(ranks2):
+    """A channels_last conv weight (and grad) is compressed as its contiguous twin: the same
+    logical matrix. Not bit for bit: the inner SGD updates the non-contiguous weight with its
+    reference implementation, the contiguous one with the kernel (float64, an ulp or so per step)."""
+    for result in ranks2:
+        plain, channels_last = result["checks"]["channels_last"]
+        for a, b in zip(plain, channels_last):
+            torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
+
+
+def test_low_rank_powersgd_is_not_the_exact_average(ranks2):
+    """... while rank 1 is lossy (the golden case tests compression, not an all-reduce)."""
+    lossy, exact = ranks2[0]["golden"]["powersgd_rank1"], ranks2[0]["checks"]["exact_average"]
+    assert (lossy[-1][0] - exact[-1][0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["powersgd_resume", "sparsified_resume"])
+def test_resume_from_state_dict_continues_exactly(ranks2, name):
+    """Saved after 2 of 5 steps (torch.save, then torch.load(weights_only=True)) and loaded into
+    a new optimizer, the run continues bit for bit: memories, PowerSGD's warm-start Q, its step
+    count and the generators are in the state dict."""
+    for rank, result in enumerate(ranks2):
+        straight, resumed, saved = result["checks"][name]
+        assert len(straight) == len(resumed) == 5
+        assert all(torch.equal(a, b) for sa, sb in zip(straight, resumed) for a, b in zip(sa, sb)), f"rank {rank}"
+        if name == "powersgd_resume":
+            comm = saved["communication"]
+            assert {"memories", "q", "iteration", "generator"} <= comm.keys() and comm["iteration"] == 2
+            assert any(m.abs().max() > 0 for m in comm["memories"])
+        else:
+            assert "generator" in saved and all("memory" in s for s in saved["state"].values())
+
+
+def test_a_step_costs_a_few_collectives(ranks2):
+    """One all-reduce per bucket (4 tensors fit one), one per tensor with by_layer; PowerSGD: P,
+    Q and the exact tensors; gossip: one send and one receive per neighbour."""
+    counts = ranks2[0]["checks"]["collectives"]
+    assert counts["bucketed"] == {"all_reduce": 1}
+    assert counts["by_layer"] == {"all_reduce": 4}
+    assert counts["powersgd"] == {"all_reduce": 3}
+    assert counts["decentralized"] == {"isend": 1, "irecv": 1}
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("unequal_params", r"CentralizedSGD: the parameter lists differ across ranks \(rank 0: 2 tensors of 28 elements, "
+                       r"rank 1: 3 tensors of 30 elements"),
+    ("world_size_mismatch", r"world_size=3 but the process group has 2 ranks: pass world_size=2"),
+])
+def test_bad_input_raises_on_every_rank_2(ranks2, name, pattern):
+    for rank, result in enumerate(ranks2):
+        assert result["errors"][name] != "no error", f"rank {rank}"
+        assert re.search(pattern, result["errors"][name]), result["errors"][name]
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("asymmetric", r"not symmetric: rank 0 lists rank 1 but rank 1 does not list rank 0"),
+    ("outside", r"neighbours of rank\(s\) \[2\] name a rank outside the group \[0, 4\)"),
+])
+def test_bad_neighbours_raise_on_every_rank(ranks4, name, pattern):
+    """Every rank raises the same error (none waits for a message that never comes)."""
+    for rank, result in enumerate(ranks4):
+        assert re.search(pattern, result["errors"][name]), f"rank {rank}: {result['errors'][name]}"
+
+
+def test_a_missing_rank_is_an_error_after_the_timeout_not_a_hang(tmp_path):
+    """Rank 1 never constructs the optimizer: rank 0's construction raises, saying what is wrong,
+    once the process group's timeout (3 s here) has passed."""
+    rank0, _ = launch("missing", tmp_path)
+    assert re.search(r"CentralizedSGD: the ranks' agreement check at construction failed: every rank of the "
+                     r"process group must construct this optimizer; is a rank missing", rank0["errors"]["missing"])
+
+
+def test_ring_and_torus_neighbours(ranks4):
+    assert d.ring(0, 4) == [1, 3] and d.ring(1, 2) == [0] and d.ring(0, 1) == []
+    assert d.torus(4, 3, 3) == [1, 3, 5, 7] and d.torus(8, 3, 3) == [2, 5, 6, 7]
+    assert [r["checks"]["torus"] for r in ranks4] == [[1, 2], [0, 3], [0, 3], [1, 2]]
+
+
+def model_of(*shapes, seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Module()
+    for i, s in enumerate(shapes):
+        model.register_parameter(f"p{i}", torch.nn.Parameter(torch.randn(s, dtype=torch.float64)))
+    return model
+
+
+def test_single_process_is_the_inner_optimizer():
+    """Without a process group (world size 1) nothing is communicated: each class steps as its
+    inner optimizer, and step returns the closure's loss."""
+    grads = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    reference = model_of((4, 6), (4,))
+    ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    models = [model_of((4, 6), (4,)) for _ in range(3)]
+    opts = [d.CentralizedSGD(None, models[0], lr=0.1, momentum=0.9),
+            d.PowerSGD(models[1], lr=0.1, momentum=0.9),
+            d.DecentralizedSGD(0, [], models[2], lr=0.1, momentum=0.9)]
+    for _ in range(3):
+        for m in [reference, *models]:
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g.clone()
+        ref.step()
+        for opt in opts:
+            assert opt.step(lambda: 1.5) == 1.5
+    for m in models:
+        for a, b in zip(m.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)  # the same float64 ops
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda m: d.CentralizedSGD(None, m), r'"lr" not set for optimizer'),
+    (lambda m: d.CentralizedSGD(None, None, lr=0.1), r'"model" not set for optimizer'),
+    (lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.SGD(m.parameters(), lr=0.1), average_world=False),
+     r"average_world=True .* or average_custom=True"),
+    (lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.SGD(m.parameters(), lr=0.1), grad_clip=0),
+     r"Invalid grad_clip: 0"),
+    (lambda m: d.PowerSGD(m, lr=0.1, rank=0), r"Invalid rank: 0"),
+    (lambda m: d.DecentralizedSGD(0, None, m, lr=0.1), r'"neighbors" not set'),
+    (lambda m: d.DecentralizedSGD(0, [1], m, lr=0.1), r"name a rank outside the group \[0, 1\)"),
+    (lambda m: d.CentralizedSGD(2, m, lr=0.1), r"world_size=2 but no process group"),
+])
+def test_bad_arguments(make, pattern):
+    with pytest.raises((ValueError, RuntimeError), match=pattern):
+        make(model_of((2, 3)))
+
+
+def test_frozen_params_are_left_alone():
+    """Params that do not require grad are neither communicated nor stepped (weight decay would
+    otherwise move them)."""
+    m = model_of((2, 3), (3,))
+    m.p1.requires_grad_(False)
+    frozen = m.p1.detach().clone()
+    opt = d.CentralizedSGD(None, m, lr=0.1, weight_decay=0.1)
+    m.p0.grad = torch.ones_like(m.p0)
+    opt.step()
+    assert torch.equal(m.p1, frozen) and [p for g in opt.param_groups for p in g["params"]] == [m.p0]
+
+
+def test_custom_average_needs_a_divisor():
+    m = model_of((2, 3))
+    opt = d.CustomCentralizedOptimizer(m, None, torch.optim.SGD(m.parameters(), lr=0.1), average_world=False,
+                                       average_custom=True)
+    with pytest.raises(ValueError, match=r"average_custom needs step\(denom=...\)"):
+        opt.step()
