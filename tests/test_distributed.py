@@ -7,16 +7,14 @@ per rank, all checks in it); the tests read its results. Plus single-process che
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from fused_optim import distributed as d
+from processes import run_ranks
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=True)
@@ -30,22 +28,8 @@ TOL = dict(rtol=2e-13, atol=2e-13)
 
 def launch(world: int | str, tmp: Path) -> list[dict]:
     """Run tests/distributed_worker.py on ``world`` ranks ("missing": its 2-rank missing-rank mode)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     n = 2 if world == "missing" else world
-    logs = [open(tmp / f"log{r}", "w+") for r in range(n)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "distributed_worker.py"), str(r), str(world), str(tmp)],
-                              env=env, stdout=logs[r], stderr=subprocess.STDOUT) for r in range(n)]
-    try:
-        for proc in procs:
-            proc.wait(timeout=600)  # far above a loaded run: a hang fails instead of blocking the suite
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for r, (proc, log) in enumerate(zip(procs, logs)):
-        log.seek(0)
-        assert proc.returncode == 0, f"rank {r} of {world} failed:\n{log.read()[-3000:]}"
+    run_ranks(HERE / "distributed_worker.py", lambda r: (r, world, tmp), n, tmp)
     return [torch.load(tmp / f"rank{r}.pt", weights_only=True) for r in range(n)]
 
 

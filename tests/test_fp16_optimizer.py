@@ -7,9 +7,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import io
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +14,7 @@ import torch
 
 import fused_optim
 from fused_optim import DynamicLossScaler, FP16Optimizer
+from processes import run_ranks
 
 HERE = Path(__file__).resolve().parent
 U = 2.0**-24  # fp32 unit roundoff
@@ -337,21 +335,7 @@ def test_two_gloo_ranks_average_their_grads(tmp_path):
     """2 ranks (gloo on loopback) with different grads: both ranks end with the same masters,
     equal to one process fed the fp16 all-reduce sum (gloo adds two fp16 values with one rounding,
     as torch's fp16 add does) with the same divisor: bitwise. An inf on one rank makes both skip."""
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    logs = [open(tmp_path / f"rank{r}.log", "w+") for r in (0, 1)]
-    procs = [subprocess.Popen([sys.executable, str(HERE / "fp16_worker.py"), str(r), str(tmp_path)], env=env,
-                              stdout=logs[r], stderr=subprocess.STDOUT) for r in (0, 1)]
-    try:
-        for proc in procs:
-            proc.wait(timeout=600)  # far above a loaded run: a hang fails instead of blocking the suite
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for proc, log in zip(procs, logs):
-        log.seek(0)
-        assert proc.returncode == 0, log.read()[-3000:]
+    run_ranks(HERE / "fp16_worker.py", lambda r: (r, tmp_path), 2, tmp_path, env=dict(GLOO_SOCKET_IFNAME="lo"))
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for mode, options in worker.MODES.items():
         a, b = ranks[0][mode], ranks[1][mode]

@@ -1,13 +1,11 @@
 """2-process CPU DDP through ``torchrun -m mmengine_optim.train --launcher pytorch``: the gloo and
 ``device_ids`` workarounds are built in, and the ranks agree on τ and params."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+
+from processes import torchrun_mmengine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,16 +37,7 @@ def test_two_rank_cpu_ddp_agrees_on_tau_and_params(tmp_path):
         "custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'), dict(type='RankDumpHook')]\n"
         "train_cfg = dict(max_iters=12, val_interval=1000)\n"
         "default_hooks = dict(logger=dict(interval=4))\n")
-    inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tmp_path), *inherited]))
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "mmengine_optim.train", str(tmp_path / "ddp.py"), "--launcher", "pytorch",
-           "--work-dir", str(tmp_path / "work")]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    torchrun_mmengine(tmp_path / "ddp.py", tmp_path / "work", tmp_path)
     ranks = [torch.load(tmp_path / "work" / f"rank{r}.pt") for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2] and [r["iters"] for r in ranks] == [12, 12]
     assert ranks[0]["ddp"] == "MMDistributedDataParallel"

@@ -2,10 +2,6 @@
 CPU ranks (configs/digits_centralized_sgd.py): the model is not wrapped in DDP, the optimizer
 communicates; and every distributed name builds through mmengine's optimizer constructor."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 from mmengine.optim import build_optim_wrapper
@@ -14,6 +10,7 @@ import torch
 
 import mmengine_optim  # noqa: F401  (registers the names)
 from fused_optim import distributed as fd
+from processes import torchrun_mmengine
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,16 +44,7 @@ def train(tmp_path: Path, optimizer: str) -> list[dict]:
         f"optim_wrapper = dict(optimizer=dict(_delete_=True, {optimizer}))\n"
         "train_cfg = dict(max_iters=6, val_interval=1000)\n"
         "default_hooks = dict(logger=dict(interval=3))\n")
-    inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tmp_path), *inherited]))
-    with socket.socket() as sock:  # a free port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "mmengine_optim.train", str(tmp_path / "run.py"), "--launcher", "pytorch",
-           "--work-dir", str(tmp_path / "work")]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    torchrun_mmengine(tmp_path / "run.py", tmp_path / "work", tmp_path)
     return [torch.load(tmp_path / "work" / f"rank{r}.pt") for r in (0, 1)]
 
 

@@ -1,0 +1,47 @@
+"""Launching the multi-process tests: worker scripts, one process per rank, and 2-rank
+``torchrun -m mmengine_optim.train --launcher pytorch`` runs."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+TIMEOUT_S = 600  # far above a loaded run: a hang fails instead of blocking the suite
+
+
+def run_ranks(script: Path, args_of_rank, ranks: int, log_dir: Path, env: dict | None = None) -> None:
+    """``python script *args_of_rank(r)`` for r in range(ranks), all at once, with
+    OMP_NUM_THREADS=1; raises with the rank's log tail when one fails or hangs."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    logs = [open(log_dir / f"rank{r}.log", "w+") for r in range(ranks)]
+    procs = [subprocess.Popen([sys.executable, str(script), *map(str, args_of_rank(r))], env=env, stdout=logs[r],
+                              stderr=subprocess.STDOUT) for r in range(ranks)]
+    try:
+        for proc in procs:
+            proc.wait(timeout=TIMEOUT_S)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for r, (proc, log) in enumerate(zip(procs, logs)):
+        log.seek(0)
+        assert proc.returncode == 0, f"rank {r} of {ranks} failed:\n{log.read()[-3000:]}"
+        log.close()
+
+
+def torchrun_mmengine(config: Path, work_dir: Path, module_dir: Path) -> None:
+    """``torchrun --nproc_per_node=2 -m mmengine_optim.train config --launcher pytorch`` with
+    ``module_dir`` on the path (for modules the config imports); raises with its output when it fails."""
+    inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(module_dir), *inherited]))
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+           "-m", "mmengine_optim.train", str(config), "--launcher", "pytorch", "--work-dir", str(work_dir)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=module_dir)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
