@@ -7,11 +7,27 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerStatus
+
+from fused_optim.process_group import end_process_group
 
 from .wrapping import as_adascale
 
 
-class AdaScaleDDPStrategy(DDPStrategy):
+class GroupEndingDDPStrategy(DDPStrategy):
+    """``DDPStrategy`` that ends the rank's process group when a run finishes normally, so that no
+    gloo thread outlives the rank's Python (the abort described in fused_optim/process_group.py);
+    a later run of the same process creates a new group. After an error the group is left alone:
+    ending it waits for every rank, which a failed run may never bring."""
+
+    def teardown(self) -> None:
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        super().teardown()
+        if trainer is not None and trainer.state.status != TrainerStatus.INTERRUPTED:
+            end_process_group()
+
+
+class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
     """``DDPStrategy`` whose optimizers are wrapped in :class:`fused_optim.AdaScale` with the
     world size and ``accumulate_grad_batches`` of the trainer; the module stays unchanged.
 
