@@ -4,9 +4,9 @@ same command. Each rank writes ``OUT/<run>-rank<r>.pt`` (float64 params, optimiz
 items it trained on).
 
 Phase ``train``: Lightning runs with strategies "centralized" (CentralizedSGD), "decentralized"
-(DecentralizedSGD) and "powersgd_ddp", then, in a process group of its own, the same updates
-written by hand with torch.distributed (``hand-*``), then a run saving a checkpoint halfway
-(``straight-*``). Phase ``resume``: fresh processes resume that checkpoint (``resumed-*``)."""
+(DecentralizedSGD) and "powersgd_ddp", then the same updates written by hand with
+torch.distributed (``hand-*``; in the group the strategies left, which lives until exit), then runs
+saving a checkpoint halfway (``straight-*``). Phase ``resume``: fresh processes resume that checkpoint (``resumed-*``)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,8 @@ def test_strategies_are_registered_by_name_with_their_launchers():
              "decentralized_spawn": "spawn", "powersgd_ddp": "popen", "powersgd_ddp_spawn": "spawn"}
     for name, start_method in names.items():
         trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=name, logger=False)
-        cls = lightning_optim.PowerSGDDDPStrategy if name.startswith("powersgd") else lightning_optim.OptimizerSyncedStrategy
+        cls = (lightning_optim.PowerSGDDDPStrategy if name.startswith("powersgd")
+               else lightning_optim.OptimizerSyncedStrategy)
         assert type(trainer.strategy) is cls and trainer.strategy._start_method == start_method, name
     StrategyRegistry.register("powersgd_r4", lightning_optim.PowerSGDDDPStrategy, matrix_approximation_rank=4,
                               start_powerSGD_iter=10, override=True)
