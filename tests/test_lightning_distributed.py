@@ -117,3 +117,16 @@ def test_strategies_are_registered_by_name_with_their_launchers():
         lightning_optim.PowerSGDDDPStrategy(ddp_comm_hook=print)
     with pytest.raises(TypeError):
         lightning_optim.OptimizerSyncedStrategy(find_unused_parameters=True)  # no DDP wrapper to pass it to
+
+
+def test_a_per_rank_checkpoint_refuses_another_world_size(tmp_path):
+    """In one process (world size 1, no group needed to load): a checkpoint of 2 ranks is refused
+    with the fix; one without per-rank entries (another strategy's) loads as saved."""
+    strategy = pl.Trainer(accelerator="cpu", devices=1, strategy="centralized", logger=False).strategy
+    assert strategy.world_size == 1
+    path = tmp_path / "two_ranks.ckpt"
+    torch.save({"state_dict": {"w": torch.zeros(1)}, "per_rank": [{"state_dict": {"w": torch.zeros(1)}}] * 2}, path)
+    with pytest.raises(ValueError, match=r"saved by 2 ranks, resumed on 1: .* devices × num_nodes = 2"):
+        strategy.load_checkpoint(path)
+    torch.save({"state_dict": {"w": torch.ones(1)}}, path)
+    assert torch.equal(strategy.load_checkpoint(path)["state_dict"]["w"], torch.ones(1))
