@@ -12,13 +12,17 @@
 * :class:`ScaledHalfPrecision`: ``precision="16-true"`` with a dynamic loss scale, for fp16
   models whose optimizer keeps fp32 master weights (``master_weights=True``).
 * Strategies by name (registered on import): ``"adascale_ddp"``, ``"adascale_ddp_spawn"``
-  (:class:`AdaScaleDDPStrategy`).
+  (:class:`AdaScaleDDPStrategy`); ``"centralized"``, ``"decentralized"`` (+ ``"_spawn"``) for the
+  optimizers of ``fused_optim.distributed``, without a DDP wrapper (:class:`OptimizerSyncedStrategy`);
+  ``"powersgd_ddp"`` (+ ``"_spawn"``): DDP with torch's PowerSGD hook (:class:`PowerSGDDDPStrategy`).
 """
 
 from .callback import AdaScaleCallback
 from .cli import StepSchedulerCLI
+from .distributed import OptimizerSyncedStrategy, PowerSGDDDPStrategy
 from .noise_scale import NoiseScaleCallback
 from .precision import ScaledHalfPrecision
 from .strategy import AdaScaleDDPStrategy
 
-__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "NoiseScaleCallback", "ScaledHalfPrecision", "StepSchedulerCLI"]
+__all__ = ["AdaScaleCallback", "AdaScaleDDPStrategy", "NoiseScaleCallback", "OptimizerSyncedStrategy",
+           "PowerSGDDDPStrategy", "ScaledHalfPrecision", "StepSchedulerCLI"]

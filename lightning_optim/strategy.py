@@ -4,14 +4,40 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.trainer.states import TrainerStatus
+
+from fused_optim.process_group import end_process_group
 
 from .wrapping import as_adascale
 
 
-class AdaScaleDDPStrategy(DDPStrategy):
+class GroupEndingDDPStrategy(DDPStrategy):
+    """``DDPStrategy`` that ends the rank's process group when the rank's Python exits normally
+    (an ``atexit`` handler, which runs before the interpreter finalizes), so that no gloo thread
+    outlives it (the abort described in fused_optim/process_group.py).
+
+    Not at the end of ``fit``: a later ``trainer.test``, ``save_checkpoint`` or second ``fit`` in
+    the same process reuses the group, and a group re-created at once on the same port could meet
+    another rank's old one, still up. After a failed run the group is left alone: ending it waits
+    for every rank, which a failed run may never bring."""
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        atexit.unregister(end_process_group)  # once per process, however many runs
+        atexit.register(end_process_group)
+
+    def teardown(self) -> None:
+        trainer = getattr(self.lightning_module, "_trainer", None)
+        super().teardown()
+        if trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED:
+            atexit.unregister(end_process_group)
+
+
+class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
     """``DDPStrategy`` whose optimizers are wrapped in :class:`fused_optim.AdaScale` with the
     world size and ``accumulate_grad_batches`` of the trainer; the module stays unchanged.
 

@@ -1,0 +1,142 @@
+"""Strategies for the optimizers of :mod:`fused_optim.distributed`, by name (registered when
+``lightning_optim`` is imported):
+
+* ``"centralized"``, ``"decentralized"`` (popen launcher, like ``"ddp"``) and their ``"_spawn"``
+  variants: :class:`OptimizerSyncedStrategy`, processes and a process group as DDP's, the model
+  *not* wrapped in ``DistributedDataParallel``: the optimizer communicates.
+* ``"powersgd_ddp"``, ``"powersgd_ddp_spawn"``: :class:`PowerSGDDDPStrategy`, DDP with torch's
+  ``powerSGD_hook`` (on every device; Lightning's own ``ddp_comm_hook`` is CUDA-only).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch.overrides.distributed import _sync_module_states
+from lightning.pytorch.strategies import StrategyRegistry
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+from .strategy import GroupEndingDDPStrategy
+
+PER_RANK = "per_rank"  # the checkpoint key of OptimizerSyncedStrategy: one entry per rank
+RANK_KEYS = ("state_dict", "optimizer_states")  # what differs between ranks
+
+
+class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
+    """DDP's processes, process group and ``DistributedSampler`` (each rank its own shard), but
+    the model is not wrapped in ``DistributedDataParallel``: the optimizer communicates
+    (:mod:`fused_optim.distributed`). At setup rank 0's params and buffers are broadcast, so every
+    rank starts from the same model; afterwards buffers (BatchNorm statistics) stay per rank.
+    Gradient accumulation needs no ``no_sync``: nothing communicates before ``optimizer.step``.
+
+    Checkpoints are per rank: the ranks' params may differ (``DecentralizedSGD``) and so may their
+    optimizer state (``PowerSGD``'s error memories, ``CentralizedSparsifiedSGD``'s memory), so rank 0
+    gathers every rank's ``state_dict`` and ``optimizer_states`` into ``checkpoint["per_rank"]``
+    (the top-level entries stay rank 0's, for loading into one process) and, on resume, each rank
+    loads its own, after the broadcast. A resume needs the same number of ranks.
+
+    ``"centralized"`` and ``"decentralized"`` are both this class: Lightning's side is the same for
+    all the optimizers (which ranks exchange what is the optimizer's business); the two names say
+    which kind of optimizer the module's ``configure_optimizers`` returns.
+
+    Args: ``DDPStrategy``'s, without the ``DistributedDataParallel`` and comm-hook options.
+
+    Example::
+
+        import lightning.pytorch as pl, lightning_optim
+        import fused_optim.distributed as fd
+        # in the LightningModule: def configure_optimizers(self): return fd.CentralizedSGD(None, self, lr=0.1)
+        trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="centralized", max_steps=100)
+    """
+
+    def __init__(self, accelerator=None, parallel_devices=None, cluster_environment=None, checkpoint_io=None,
+                 precision_plugin=None, process_group_backend: str | None = None, timeout=None,
+                 start_method: str = "popen"):
+        extra = {} if timeout is None else {"timeout": timeout}
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin, process_group_backend=process_group_backend,
+                         start_method=start_method, **extra)
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # after configure_ddp's broadcast, which would overwrite the other ranks' params
+
+    def configure_ddp(self) -> None:
+        _sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+        own = {key: checkpoint[key] for key in RANK_KEYS if key in checkpoint}
+        gathered = [None] * self.world_size if self.is_global_zero else None
+        dist.gather_object(own, gathered, dst=0)
+        if self.is_global_zero:
+            super().save_checkpoint({**checkpoint, PER_RANK: gathered}, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
+        per_rank = checkpoint.pop(PER_RANK, None)
+        if per_rank is None:  # another strategy's checkpoint: every rank loads the same
+            return checkpoint
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{checkpoint_path}: saved by {len(per_rank)} ranks, resumed on {self.world_size}: "
+                             f"each rank's params and optimizer state are its own; resume with "
+                             f"devices × num_nodes = {len(per_rank)}")
+        checkpoint.update(per_rank[self.global_rank])
+        return checkpoint
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        for kind in ("centralized", "decentralized"):
+            for name, start_method in ((kind, "popen"), (f"{kind}_spawn", "spawn")):
+                strategy_registry.register(name, cls, description=f"{kind} fused_optim.distributed optimizer, "
+                                           f"no DDP wrapper, start_method '{start_method}'",
+                                           start_method=start_method, override=True)
+
+
+POWERSGD_OPTIONS = [name for name in inspect.signature(PowerSGDState).parameters if name != "process_group"]
+
+
+class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
+    """``DDPStrategy`` whose ``DistributedDataParallel`` averages grads through torch's
+    ``powerSGD_hook`` (Vogels et al., 2019: rank-r compression with error feedback), on CPU too.
+
+    Args:
+        matrix_approximation_rank, start_powerSGD_iter, min_compression_rate, use_error_feedback,
+            warm_start, orthogonalization_epsilon, random_seed, compression_stats_logging_frequency,
+            batch_tensors_with_same_shape: ``PowerSGDState``'s options (torch's defaults).
+        **kwargs: ``DDPStrategy``'s, without ``ddp_comm_state`` / ``ddp_comm_hook``.
+
+    The hook's state (error memories, warm-start matrices, iteration count) is not in checkpoints:
+    a resumed run starts it afresh (exact averaging for ``start_powerSGD_iter`` steps again).
+
+    Example::
+
+        trainer = pl.Trainer(devices=2, strategy="powersgd_ddp")
+        StrategyRegistry.register("powersgd_r4", lightning_optim.PowerSGDDDPStrategy,
+                                  matrix_approximation_rank=4, start_powerSGD_iter=10)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        for name in ("ddp_comm_state", "ddp_comm_hook", "ddp_comm_wrapper"):
+            if name in kwargs:
+                raise ValueError(f"PowerSGDDDPStrategy registers powerSGD_hook itself: drop {name}= (or use "
+                                 "DDPStrategy for another hook)")
+        self.powersgd_options = {name: kwargs.pop(name) for name in POWERSGD_OPTIONS if name in kwargs}
+        super().__init__(*args, **kwargs)
+        self.powersgd_state: PowerSGDState | None = None
+
+    def _register_ddp_hooks(self) -> None:
+        self.powersgd_state = PowerSGDState(process_group=None, **self.powersgd_options)
+        self.model.register_comm_hook(self.powersgd_state, powerSGD_hook)
+
+    @classmethod
+    def register_strategies(cls, strategy_registry) -> None:
+        for name, start_method in (("powersgd_ddp", "popen"), ("powersgd_ddp_spawn", "spawn")):
+            strategy_registry.register(name, cls, description=f"DDP + torch's powerSGD_hook, start_method "
+                                       f"'{start_method}'", start_method=start_method, override=True)
+
+
+OptimizerSyncedStrategy.register_strategies(StrategyRegistry)
+PowerSGDDDPStrategy.register_strategies(StrategyRegistry)
