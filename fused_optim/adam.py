@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, scalar_dtype
+from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, scalar_dtype,
+                        state_like)
 
 
 _MOMENTS = ("step", "exp_avg", "exp_avg_sq")
@@ -28,8 +29,8 @@ def init_moments(p, state: dict) -> None:
     check_moments(state)
     if "step" not in state:
         state["step"] = torch.tensor(0.0, dtype=scalar_dtype())
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg"] = torch.zeros_like(state_like(p, state), memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(state_like(p, state), memory_format=torch.contiguous_format)
 
 
 def decoupled_flag(decoupled_weight_decay: bool | None, adam_w_mode: bool | None) -> bool:
@@ -109,4 +110,4 @@ class FusedAdam(FusedOptimizer):
     def _init_state(self, p, state, group) -> None:
         init_moments(p, state)
         if group["amsgrad"] and "max_exp_avg_sq" not in state:
-            state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["max_exp_avg_sq"] = torch.zeros_like(state_like(p, state), memory_format=torch.contiguous_format)

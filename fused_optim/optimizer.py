@@ -4,7 +4,8 @@ An algorithm subclass declares data and small hooks:
 
 * ``op_name``: the op it calls, declared in :mod:`.specs` (schema, keyword scalars, reference);
 * ``_validate(group)``: torch-style ``ValueError`` for bad hyperparameters (defaults and every group);
-* ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names);
+* ``_init_state(p, state, group)``: adds the state tensors a param still lacks (torch.optim names),
+  made like ``state_like(p, state)`` (the param, or its fp32 master under master weights);
 * ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
   ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
@@ -97,6 +98,12 @@ def check_flag(name: str, value: Any) -> None:
     truthy in Python, so it is refused rather than silently read as True."""
     ok = (isinstance(value, numbers.Integral) and value in (0, 1)) or type(value).__name__ == "bool_"
     check_range(f"{name} value", repr(value), ok, f"{name} must be True or False")
+
+
+def state_like(p: Tensor, state: dict) -> Tensor:
+    """What a param's state tensors are made like (shape, dtype, device): its fp32 master under
+    master weights (``state["master_param"]``, made before ``_init_state`` runs), else the param."""
+    return state.get("master_param", p)
 
 
 def scalar_dtype() -> torch.dtype:
@@ -509,7 +516,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             if new:
                 state = {}
             before = dict(state)
-            self._init_state(self._master(p, state, group, gi, i), state, group)
+            self._make_master(p, state, group, gi, i)
+            self._init_state(p, state, group)
             if new and state:  # as torch.optim: a param without state tensors has no entry
                 self.state[p] = state
             if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
@@ -531,20 +539,18 @@ class FusedOptimizer(torch.optim.Optimizer):
             plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
 
     @staticmethod
-    def _master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> Tensor:
-        """The tensor the update reads and writes, and whose dtype the state has: with the group's
-        ``master_weights``, an fp16/bf16 param's fp32 master (``state["master_param"]``, made from
-        the param on its first step), else the param."""
+    def _make_master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> None:
+        """With the group's ``master_weights``, an fp16/bf16 param's fp32 master
+        (``state["master_param"]``), made from the param on its first step."""
         if p.dtype not in (torch.float16, torch.bfloat16):
-            return p
+            return
         if not group.get("master_weights"):
             if "master_param" in state:
                 raise RuntimeError(f"param {i} of group {gi} has a master_param in its state, but the group's "
                                    "master_weights is False; set it back to True, or drop the param's state")
-            return p
+            return
         if "master_param" not in state:
             state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
-        return state["master_param"]
 
     def _kernels_available(self, device_type: str) -> bool:
         """Whether the kernels for ``device_type`` built (building them now if needed); True for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_flag, check_lr, check_nonnegative
+from .optimizer import FusedOptimizer, check_flag, check_lr, check_nonnegative, state_like
 
 
 class MomentumOptimizer(FusedOptimizer):
@@ -29,7 +29,7 @@ class MomentumOptimizer(FusedOptimizer):
     def _init_state(self, p, state, group) -> None:
         # None is torch.optim.SGD's "no buffer yet" (a param that never stepped with momentum).
         if group["momentum"] != 0 and state.get("momentum_buffer") is None:
-            state["momentum_buffer"] = torch.empty_like(p, memory_format=torch.contiguous_format)
+            state["momentum_buffer"] = torch.empty_like(state_like(p, state), memory_format=torch.contiguous_format)
 
 
 def _master_weights_flag(master_weights: bool | None, materialize_master_grads: bool) -> bool:

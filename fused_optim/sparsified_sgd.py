@@ -6,7 +6,7 @@ import numbers
 
 import torch
 
-from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range
+from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range, state_like
 
 
 class SparsifiedSGD(FusedOptimizer):
@@ -75,7 +75,7 @@ class SparsifiedSGD(FusedOptimizer):
 
     def _init_state(self, p, state, group) -> None:
         if "memory" not in state:
-            state["memory"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            state["memory"] = torch.zeros_like(state_like(p, state), memory_format=torch.contiguous_format)
 
     @torch.no_grad()
     def update_estimated_weights(self, iteration: int, sparse_vector_size: int | None = None) -> None:

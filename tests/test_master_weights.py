@@ -174,3 +174,22 @@ def test_the_kernels_refuse_masters_they_cannot_use():
     with pytest.raises(RuntimeError, match=r"master_params\[0\] must be a contiguous float32 tensor"):
         torch.ops.fused_optim.sgd_([h], [g.half()], [], [h.clone()], [], lr=0.1, momentum=0.0, dampening=0.0,
                                    weight_decay=0.0, nesterov=False, maximize=False, wd_after_momentum=False)
+
+
+def test_cpu_adam_keeps_the_fp32_moments_of_half_params_in_its_offload_files(tmp_path):
+    """ColossalAI's nvme_offload_fraction with master weights: the offloaded moments are the fp32
+    ones, file-backed, and the step reads and writes them there."""
+    params = [torch.nn.Parameter(p) for p in _params(torch.float16)]
+    opt = fused_optim.CPUAdam(params, nvme_offload_fraction=1.0, nvme_offload_dir=str(tmp_path), master_weights=True)
+    for p, g in zip(params, _grads(params, 0)):
+        p.grad = g
+    opt.step()
+    for p in params:
+        files = opt.state_files.files_of(p)
+        assert files
+        for path in files:
+            key = path.stem.split("_", 2)[2]
+            assert opt.state[p][key].dtype == torch.float32
+            assert opt.state[p][key].untyped_storage().filename == str(path)
+            assert torch.equal(torch.from_file(str(path), size=p.numel(), dtype=torch.float32),
+                               opt.state[p][key].reshape(-1))
