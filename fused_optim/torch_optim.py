@@ -2,9 +2,10 @@
 
 Same constructor signatures and defaults as torch 2.13 (``lr=1e-3``, AdamW's
 ``weight_decay=1e-2``, ``maximize``, ``foreach``, ``capturable``, ``differentiable``, ``fused``,
-Adam's ``decoupled_weight_decay``, a Tensor ``lr``), the same param-group keys and state (state
-dicts load into torch.optim and back), ``zero_grad()`` setting grads to None, and torch's
-``ValueError`` / ``RuntimeError`` for bad arguments. Each class is the algorithm class of
+Adam's ``decoupled_weight_decay``, a Tensor ``lr``; plus the keyword-only ``master_weights``, off
+by default), the same param-group keys and state (state dicts load into torch.optim and back),
+``zero_grad()`` setting grads to None, and torch's ``ValueError`` / ``RuntimeError`` for bad
+arguments. Each class is the algorithm class of
 :mod:`.sgd` / :mod:`.adam` (``FusedSGD`` / ``FusedAdam``: same kernels, state, validation and
 scalars) with torch's constructor in place of apex's: nothing of the update rule is repeated here.
 
