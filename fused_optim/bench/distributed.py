@@ -1,0 +1,140 @@
+"""The distributed optimizers' cost: bytes each rank hands to torch.distributed per step and the
+step time, on W gloo ranks of this machine (loopback), for a model of the ResNet-50 shapes (25.6M
+params) or the 1M list of :mod:`.optimizers`::
+
+    python -m fused_optim.bench.distributed --world 2 4 --list 25M --rounds 5
+
+Variants, each on its own copy of the model, interleaved round by round: DDP (its all-reduce of
+the grads, 25 MB buckets) + fused SGD; CentralizedSGD (flat buckets, and by layer); PowerSGD rank
+1, 2, 4; DecentralizedSGD on a ring. A step is forward + backward + optimizer step; the model's
+loss is Σ_p Σ(p·x) (its backward writes x into every grad), the same compute for every variant, so
+differences are communication. Bytes are the payload of each collective (all_reduce: the tensor;
+all_gather / isend: this rank's part), counted by wrapping torch.distributed's functions (DDP
+with torch's Python all-reduce comm hook, so they see its buckets); what gloo puts on the wire is a multiple of it that depends on its algorithm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from ..process_group import end_process_group, init_process_group
+from ..torch_optim import SGD
+from . import optimizers
+
+SGD_KW = dict(lr=1e-3, momentum=0.9)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, shapes):
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(s, generator=gen) * 0.01) for s in shapes)
+
+    def forward(self, x):
+        return sum((p * x).sum() for p in self.params)
+
+
+class _Counter:
+    """Bytes handed to torch.distributed's collectives while ``active``."""
+
+    def __init__(self):
+        self.bytes, self.active = 0, False
+        for name, part in (("all_reduce", 0), ("all_gather", 1), ("isend", 0), ("broadcast", 0)):
+            original = getattr(dist, name)
+            setattr(dist, name, functools.partial(self._counted, original, part))
+
+    def _counted(self, original, part, *args, **kwargs):
+        if self.active:
+            t = args[part]
+            self.bytes += t.numel() * t.element_size()
+        return original(*args, **kwargs)
+
+
+
+def _variants(shapes, rank: int, world: int, counter: _Counter) -> dict:
+    from ..distributed import CentralizedSGD, DecentralizedSGD, PowerSGD, ring
+
+    def ddp():
+        model = torch.nn.parallel.DistributedDataParallel(_Model(shapes))
+        model.register_comm_hook(None, allreduce_hook)  # its dist.all_reduce is counted
+        return model, SGD(model.parameters(), **SGD_KW)
+
+    def ours(make):
+        model = _Model(shapes)
+        return model, make(model)
+
+    return {
+        "DDP all-reduce + SGD": ddp,
+        "CentralizedSGD (flat)": lambda: ours(lambda m: CentralizedSGD(world, m, **SGD_KW)),
+        "CentralizedSGD (by layer)": lambda: ours(lambda m: CentralizedSGD(world, m, by_layer=True, **SGD_KW)),
+        **{f"PowerSGD rank {r}": functools.partial(ours, functools.partial(
+            lambda m, r: PowerSGD(model=m, rank=r, world_size=world, **SGD_KW), r=r)) for r in (1, 2, 4)},
+        "DecentralizedSGD (ring)": lambda: ours(lambda m: DecentralizedSGD(rank, ring(rank, world), m, **SGD_KW)),
+    }
+
+
+def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        counter = _Counter()
+        shapes = optimizers.PARAM_LISTS[list_id][1]()
+        built = {name: make() for name, make in _variants(shapes, rank, world, counter).items()}
+        x = torch.tensor(1.0 + rank)
+        times = {name: [] for name in built}
+        sent = {}
+        for r in range(rounds + 1):  # round 0: warm-up (state, buckets), not timed
+            for name, (model, opt) in built.items():
+                dist.barrier()
+                counter.bytes, counter.active = 0, True
+                start = time.perf_counter()
+                opt.zero_grad()
+                model(x).backward()
+                opt.step()
+                dist.barrier()
+                elapsed = time.perf_counter() - start
+                counter.active = False
+                if r:
+                    times[name].append(elapsed)
+                    sent[name] = counter.bytes
+        if rank == 0:
+            torch.save({name: dict(ms=statistics.median(t) * 1e3, bytes=sent[name]) for name, t in times.items()}, out)
+    finally:
+        end_process_group()
+
+
+def run(world: int, list_id: str, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.pt")
+        mp.spawn(_worker, (world, os.path.join(tmp, "store"), list_id, rounds, out), nprocs=world)
+        return torch.load(out, weights_only=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--list", default="25M", choices=list(optimizers.PARAM_LISTS))
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    from .. import _build
+    print(f"fused_optim.bench.distributed on {_build.cpu_description()}, list {args.list}, 1 thread per rank")
+    print("| ranks | variant | ms/step | bytes sent per rank per step | × DDP's bytes |\n|---|---|---:|---:|---:|")
+    for world in args.world:
+        result = run(world, args.list, args.rounds)
+        ddp = result["DDP all-reduce + SGD"]["bytes"]
+        for name, r in result.items():
+            print(f"| {world} | {name} | {r['ms']:.1f} | {r['bytes']:,} | {r['bytes'] / ddp:.4f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
