@@ -18,6 +18,7 @@ from torch import Tensor
 
 from . import _build, _ops
 from .norm import grad_sum_squares_, sum_squares_
+from .optimizer import run_closure
 
 _SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
 # The noise-scale averages, per group, in units of one micro-batch: tr(Σ)/B_micro and |G|², the
@@ -220,10 +221,7 @@ class GradientStatistics(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None):
         """Run the closure, take the window's statistics into the averages, step the inner optimizer
         (see :meth:`_update`); returns the closure's loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
         if self._pending is None and self._backwards and not skipped:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .norm import multi_tensor_l2norm
-from .optimizer import is_real
+from .optimizer import is_real, run_closure
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 
@@ -208,9 +208,7 @@ class FP16Optimizer:
         if self.optimizer is None:
             raise RuntimeError("FP16Optimizer.step: no inner optimizer; call set_optimizer(optimizer) with an "
                                "optimizer over fp16_opt.fp32_params first")
-        if closure is not None:
-            with torch.enable_grad():
-                closure()
+        run_closure(closure)
         divisor = self._averaging_divisor(denom)
         if not (_number(multiplier) and math.isfinite(multiplier) and multiplier > 0):
             raise ValueError(f"FP16Optimizer.step: invalid multiplier {multiplier!r} (a finite number > 0)")

@@ -100,6 +100,15 @@ def check_flag(name: str, value: Any) -> None:
     check_range(f"{name} value", repr(value), ok, f"{name} must be True or False")
 
 
+def run_closure(closure: Callable[[], Any] | None) -> Any:
+    """torch.optim's closure contract: ``closure`` (if any) runs with grad enabled (a step runs
+    under no_grad) and its loss is returned (None without a closure)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def state_like(p: Tensor, state: dict) -> Tensor:
     """What a param's state tensors are made like (shape, dtype, device): its fp32 master under
     master weights (``state["master_param"]``, made before ``_init_state`` runs), else the param."""
@@ -367,10 +376,7 @@ class FusedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """One update of every param with a grad; runs ``closure`` first and returns its loss."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         grad_scale, found_inf = self._amp_args()
         self._prepare_step()
         used = set()

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._reference import sparse_indices
+from ..optimizer import run_closure
 from ..sparsified_sgd import SparsifiedSGD
 from . import comm
 
@@ -60,10 +61,7 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         for group in self.param_groups:
             params = group["params"]
             if not params:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..optimizer import run_closure
+
 
 class CommunicatingOptimizer(torch.optim.Optimizer):
     """Subclasses implement ``_before_step()`` (e.g. average the grads) and/or ``_after_step()``
@@ -47,10 +49,7 @@ class CommunicatingOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None, tracker=None):
         """Run ``closure`` (under ``enable_grad``), communicate, step the inner optimizer,
         communicate; returns the closure's loss. ``tracker``: mlbench's Tracker (optional)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = run_closure(closure)
         self._before_step()
         if tracker is not None and self._communicates_before:
             tracker.record_batch_agg()
