@@ -23,10 +23,9 @@
 namespace fused_optim {
 namespace {
 
-struct Lamb {
-  double inv_scale = 1.0, max_grad_norm = 0.0, beta1, beta2, beta3, eps, weight_decay;
+struct Lamb : LambOptions {  // (csrc/shared/lamb_math.h)
+  double inv_scale = 1.0;
   std::optional<double> grad_norm;  // unscaled norm to clip with; none: that of the call's grads
-  bool decoupled, trust_ratio, trust_clip;
   std::vector<LambTensor> tensors;  // per tensor: c1, c2, lr
   std::vector<double> new_step;      // per tensor
 };
@@ -171,20 +170,19 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
       });
 }
 
-// Checks, the per-tensor step counters, and the update. per_tensor(step) gives a.tensors[t].
-template <typename PerTensor>
+// Checks, the per-tensor step counters and numbers (lamb_tensor), and the update.
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
-              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, Lamb& a,
-              const PerTensor& per_tensor) {
+              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, Lamb& a, double lr) {
   const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
   check_steps(op, model, steps);
   const size_t n = model.size();
   a.tensors.resize(n);
   a.new_step.resize(n);
+  BiasCorrections corrections(a.beta1, a.beta2, a.bias_correction);
   for (size_t t = 0; t < n; ++t) {
     a.new_step[t] = read_step(steps[t]) + 1.0;
-    a.tensors[t] = per_tensor(a.new_step[t]);
+    a.tensors[t] = lamb_tensor(lr, corrections.at(a.new_step[t]), a.colossal);
   }
   dispatch_update(params, [&](auto types) {
     lamb_typed<typename decltype(types)::grad_t, typename decltype(types)::state_t>(params, grads, exp_avgs,
@@ -205,23 +203,14 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   Lamb a;
+  static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
+                                              adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
   a.inv_scale = amp.inv_scale;
-  a.max_grad_norm = max_grad_norm;
   if (global_grad_norm.has_value() && global_grad_norm->defined()) {
     TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
   }
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.decoupled = adam_w_mode;
-  a.trust_ratio = use_nvlamb || weight_decay != 0.0;
-  a.trust_clip = trust_clip;
-  BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a,
-           [&](double step) { return lamb_tensor(lr, corrections.at(step), false); });
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr);
 }
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -232,18 +221,9 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   Lamb a;
+  static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   a.inv_scale = amp.inv_scale;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.beta3 = 1.0 - beta1;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.decoupled = true;
-  a.trust_ratio = !adam;
-  a.trust_clip = false;
-  BiasCorrections corrections(beta1, beta2, bias_correction);
-  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a,
-           [&](double step) { return lamb_tensor(lr, corrections.at(step), true); });
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr);
 }
 
 }  // namespace fused_optim

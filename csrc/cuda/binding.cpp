@@ -377,16 +377,8 @@ void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
                const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.max_grad_norm = max_grad_norm;
-  a.decoupled = adam_w_mode;
-  a.trust_ratio = use_nvlamb || weight_decay != 0.0;
-  a.trust_clip = trust_clip;
-  a.bias_correction = bias_correction;
+  static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
+                                              adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
   with_masters("lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
     run_lamb_cuda("lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, global_grad_norm, lr_tensor, grad_scale,
                   found_inf);
@@ -399,15 +391,7 @@ void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorL
                         double eps, double weight_decay, bool adam, bool bias_correction, const OptTensor& lr_tensor,
                         const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
-  a.beta1 = beta1;
-  a.beta2 = beta2;
-  a.beta3 = 1.0 - beta1;
-  a.eps = eps;
-  a.weight_decay = weight_decay;
-  a.decoupled = true;
-  a.trust_ratio = !adam;
-  a.bias_correction = bias_correction;
-  a.colossal = true;
+  static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   with_masters("colossal_lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
     run_lamb_cuda("colossal_lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, std::nullopt, lr_tensor, grad_scale,
                   found_inf);

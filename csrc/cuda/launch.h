@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../shared/lamb_math.h"
 #include "../shared/sgd_math.h"
 
 #include <cstdint>
@@ -94,11 +95,8 @@ void adam_launch(DType dtype, int64_t n, void* const* params, void* const* grads
                  const AdamArgs& args, cudaStream_t stream);
 
 // lamb.cu: lamb_ and colossal_lamb_ (see lamb.cu). Increments steps.
-struct LambArgs {
+struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
   DeviceScalars s;
-  double beta1 = 0.0, beta2 = 0.0, beta3 = 0.0, eps = 0.0, weight_decay = 0.0, max_grad_norm = 0.0;
-  bool decoupled = false, trust_ratio = false, trust_clip = false, bias_correction = true;
-  bool colossal = false;  // bias corrections folded into the lr (colossal_lamb_)
   // The gradient norm to clip with (max_grad_norm > 0), before unscaling: grad_norm (a float), or
   // the square root of grad_sq (a double); one of them is set when clipping.
   const float* grad_norm = nullptr;

@@ -45,6 +45,48 @@ struct LambRule {
   static FUSED_OPTIM_HD void apply(V& p, const V& neg_lr, const V& u) { p = mul_add(neg_lr, u, p); }
 };
 
+// The options of lamb_ and colossal_lamb_ as both kernels use them (host side; the CPU kernel's
+// Lamb and the CUDA launcher's LambArgs extend it).
+struct LambOptions {
+  double beta1 = 0.0, beta2 = 0.0, beta3 = 0.0, eps = 0.0, weight_decay = 0.0, max_grad_norm = 0.0;
+  bool decoupled = false, trust_ratio = false, trust_clip = false, bias_correction = true;
+  bool colossal = false;  // c1 = c2 = 1, bias corrections folded into the lr (lamb_tensor)
+};
+
+// lamb_ (apex/ColossalAI FusedLAMB, timm Lamb): its arguments as LambOptions.
+inline LambOptions lamb_options(double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
+                                bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
+                                bool trust_clip) {
+  LambOptions o;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.beta3 = grad_averaging ? 1.0 - beta1 : 1.0;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.max_grad_norm = max_grad_norm;
+  o.decoupled = adam_w_mode;
+  o.trust_ratio = use_nvlamb || weight_decay != 0.0;
+  o.trust_clip = trust_clip;
+  o.bias_correction = bias_correction;
+  return o;
+}
+
+// colossal_lamb_ (ColossalAI Lamb): decoupled decay, no clipping, the ratio unless `adam`.
+inline LambOptions colossal_lamb_options(double beta1, double beta2, double eps, double weight_decay, bool adam,
+                                         bool bias_correction) {
+  LambOptions o;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.beta3 = 1.0 - beta1;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.decoupled = true;
+  o.trust_ratio = !adam;
+  o.bias_correction = bias_correction;
+  o.colossal = true;
+  return o;
+}
+
 struct LambTensor {
   double c1, c2, lr;
 };
