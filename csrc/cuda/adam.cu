@@ -1,7 +1,10 @@
 // fused_optim::adam_ on CUDA (the CPU twin: csrc/cpu/adam.cpp): torch.optim.Adam / AdamW. The
 // math: csrc/shared/adam_math.h per element, bias_correction.h per tensor, with the tensor's step
 // s = steps[t] + 1 read by each block; then steps[t] <- s (increment_steps_launch), all skipped
-// when found_inf is set.
+// when found_inf is set. With master weights the one pass reads the fp16/bf16 grads, updates the
+// fp32 masters and moments and writes the rounded params.
+#include <type_traits>
+
 #include "launch.h"
 #include "multi_tensor_apply.cuh"
 #include "../shared/adam_math.h"
@@ -11,16 +14,22 @@ namespace fused_optim {
 namespace cuda {
 namespace {
 
-// Lists: params, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs] (mutable), grads; then the step counters.
-template <typename T, bool kAmsgrad>
+// Lists: params, exp_avgs, exp_avg_sqs, [max_exp_avg_sqs] (mutable), grads; the model params
+// with master weights (U: UpdateTypes); then the step counters.
+template <typename U, bool kAmsgrad>
 struct AdamFunctor {
-  static constexpr int kLists = kAmsgrad ? 5 : 4;
+  using V = typename U::value_t;
+  using S = typename U::state_t;
+  using G = typename U::grad_t;
+  using Types = std::conditional_t<kAmsgrad, ListTypes<V, S, S, S, G>, ListTypes<V, S, S, G>>;
+  static constexpr int kLists = Types::size;
+  static constexpr int kSteps = kLists + U::kModelLists;
 
-  __device__ static void apply(const TensorListMetadata<kLists + 1>& meta, const AdamArgs& a) {
-    using M = opmath_t<T>;
+  __device__ static void apply(const TensorListMetadata<kSteps + 1>& meta, const AdamArgs& a) {
+    using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[kLists][chunk.slot])) + 1.0;
+    const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[kSteps][chunk.slot])) + 1.0;
     const double lr = lr_of(a.s);
     const AdamStep s = adam_step(lr, bias_correction(a.beta1, a.beta2, step, a.bias_correction));
     const float inv_scale = inv_scale_of(a.s);
@@ -35,7 +44,7 @@ struct AdamFunctor {
                            static_cast<M>(s.inv_bc2_sqrt),
                            a.weight_decay != 0.0,
                            a.decoupled};
-    for_each_element<T, kLists, kLists - 1>(meta, chunk, [&](M(&x)[kLists]) {
+    for_each_element<Types, kLists - 1, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kAmsgrad) {
         rule.apply(x[0], x[kLists - 1], x[1], x[2], x[3]);
       } else {
@@ -47,19 +56,18 @@ struct AdamFunctor {
 
 }  // namespace
 
-void adam_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
-                 void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, float* const* steps, const int64_t* sizes,
-                 const AdamArgs& args, cudaStream_t stream) {
+void adam_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                 void* const* exp_avgs, void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, void* const* model,
+                 float* const* steps, const int64_t* sizes, const AdamArgs& args, cudaStream_t stream) {
   void* const* step_list = reinterpret_cast<void* const*>(steps);
-  const auto lists = max_exp_avg_sqs != nullptr
-                         ? concat_lists(n, {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, grads, step_list})
-                         : concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, step_list});
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, grads, model, step_list});
+  dispatch_update(dtypes, [&](auto types) {
+    using U = decltype(types);
+    constexpr int kModel = U::kModelLists;
     if (max_exp_avg_sqs != nullptr) {
-      multi_tensor_apply<6, AdamFunctor<T, true>>(n, lists.data(), sizes, args, stream);
+      multi_tensor_apply<6 + kModel, AdamFunctor<U, true>>(n, lists.data(), sizes, args, stream);
     } else {
-      multi_tensor_apply<5, AdamFunctor<T, false>>(n, lists.data(), sizes, args, stream);
+      multi_tensor_apply<5 + kModel, AdamFunctor<U, false>>(n, lists.data(), sizes, args, stream);
     }
   });
   increment_steps_launch(n, steps, args.s, stream);

@@ -3,6 +3,8 @@
 // into pointers and sizes, put lr / grad_scale / found_inf on the device, allocate the scratch of
 // per-tensor sums, and call the launchers of launch.h on the current stream. No host sync, except
 // sparsified_sgd_'s index draws (host random numbers, like the CPU kernel and the reference).
+// Master weights (master_params) are passed to the kernels as lists of their own: the kernels read
+// the fp16/bf16 grads, update the fp32 masters and state and write the rounded params in one pass.
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -118,22 +120,20 @@ std::vector<float*> checked_steps(const char* op, at::TensorList params, at::Ten
   return out;
 }
 
-// An update with master weights (master_params, csrc/shared/checks.h) in three steps on the
-// device: the grads cast to fp32, update(masters, fp32 grads), then each param written as its
-// master rounded to nearest even (after a skipped step that rewrites the value it holds). The CPU
-// kernels do it in one pass; without masters this is update(params, grads).
-template <typename Update>
-void with_masters(const char* op, at::TensorList params, at::TensorList grads, at::TensorList masters,
-                  const Update& update) {
-  if (masters.empty()) return update(params, grads);
-  checked_params(op, params, masters);
-  check_same_size(op, "grads", params, grads);
-  std::vector<at::Tensor> grads32;
-  grads32.reserve(grads.size());
-  for (const auto& g : grads) grads32.push_back(g.to(at::kFloat));
-  update(masters, grads32);
-  for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
-}
+// The lists an update reads and writes, from its checked params (UpdatedParams,
+// csrc/shared/checks.h): the values updated (the params, or their fp32 masters), with masters the
+// params written from them in the same pass (`model`, empty without), and their dtypes.
+struct UpdateLists {
+  cuda::UpdateDTypes dtypes;
+  std::vector<void*> values, model;
+
+  UpdateLists(const char* op, const UpdatedParams& params)
+      : dtypes(cuda::UpdateDTypes::of(dtype_of(op, params.model[0].scalar_type()), !params.masters.empty())),
+        values(pointers(params.values())),
+        model(params.masters.empty() ? std::vector<void*>{} : pointers(params.model)) {}
+
+  void* const* model_list() const { return model.empty() ? nullptr : model.data(); }
+};
 
 // Per-tensor sums of squares of `lists` lists on the device (ChunkSums with their scratch).
 struct SumsScratch {
@@ -150,46 +150,50 @@ struct SumsScratch {
 
 // The SGD family: per-tensor first-step flags split the tensors into two launches.
 void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorList params, at::TensorList grads_in,
-                     at::TensorList bufs, const c10::List<bool>& first_step, cuda::SgdArgs args, double lr,
-                     const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+                     at::TensorList bufs, at::TensorList masters, const c10::List<bool>& first_step,
+                     cuda::SgdArgs args, double lr, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                     const OptTensor& found_inf) {
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_sgd_inputs(op, checked_params(op, params, {}), grads_in, bufs, first_step, args.momentum);
+  const UpdatedParams updated = checked_params(op, params, masters);
+  const auto grads = check_sgd_inputs(op, updated, grads_in, bufs, first_step, args.momentum);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   args.s = scalars.get();
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const DType dtype = dtype_of(op, params[0].scalar_type());
+  const UpdateLists lists(op, updated);
   const int64_t n = static_cast<int64_t>(params.size());
-  auto p = pointers(params), g = pointers(grads), b = pointers(bufs);
+  auto g = pointers(grads), b = pointers(bufs);
   const auto sizes = sizes_of(params);
   std::optional<SumsScratch> norms;
   if (args.trust != cuda::TrustRatio::kNone) {
     norms.emplace(device, n, max_chunks_of(sizes), 2);
-    const auto lists = cuda::concat_lists(n, {p.data(), g.data()});
-    cuda::sum_squares_launch(dtype, 2, n, lists.data(), sizes.data(), nullptr, norms->sums, stream);
+    cuda::value_grad_squares_launch(lists.dtypes, n, lists.values.data(), g.data(), sizes.data(), norms->sums,
+                                    stream);
     cuda::sum_chunks_launch(2, n, norms->sums, stream);
     args.sq_norms = norms->sums.out;
   }
   void* const* buf_list = args.momentum != 0.f ? b.data() : nullptr;
   if (first_step.empty() || buf_list == nullptr) {
-    return cuda::sgd_launch(dtype, direction, n, p.data(), g.data(), buf_list, sizes.data(), nullptr, args, stream);
+    return cuda::sgd_launch(lists.dtypes, direction, n, lists.values.data(), g.data(), buf_list, lists.model_list(),
+                            sizes.data(), nullptr, args, stream);
   }
   for (const bool first : {true, false}) {  // the tensors on their first step, then the others
-    std::vector<void*> ps, gs, bs;
+    std::vector<void*> ps, gs, bs, ms;
     std::vector<int64_t> ss;
     std::vector<int32_t> index;
     for (int64_t t = 0; t < n; ++t) {
       if (first_step[t] != first) continue;
-      ps.push_back(p[t]);
+      ps.push_back(lists.values[t]);
       gs.push_back(g[t]);
       bs.push_back(b[t]);
+      if (!lists.model.empty()) ms.push_back(lists.model[t]);
       ss.push_back(sizes[t]);
       index.push_back(static_cast<int32_t>(t));
     }
     args.first_step = first;
-    cuda::sgd_launch(dtype, direction, static_cast<int64_t>(ps.size()), ps.data(), gs.data(), bs.data(), ss.data(),
-                     index.data(), args, stream);
+    cuda::sgd_launch(lists.dtypes, direction, static_cast<int64_t>(ps.size()), ps.data(), gs.data(), bs.data(),
+                     lists.model.empty() ? nullptr : ms.data(), ss.data(), index.data(), args, stream);
   }
 }
 
@@ -209,19 +213,15 @@ void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList moment
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   a.maximize = maximize;
   a.wd_after_momentum = wd_after_momentum;
-  with_masters("sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, p, g, momentum_buffers, first_step, a, lr, lr_tensor,
-                    grad_scale, found_inf);
-  });
+  sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, a,
+                  lr, lr_tensor, grad_scale, found_inf);
 }
 
 void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                    at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                    bool nesterov, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
-  with_masters("sign_sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, p, g, momentum_buffers, first_step,
-                    sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
-  });
+  sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step,
+                  sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
 }
 
 void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -235,10 +235,8 @@ void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momen
     a.eps = eps;
     a.trust_clip = trust_clip;
   }
-  with_masters("lars_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, p, g, momentum_buffers, first_step, a, lr, lr_tensor,
-                    grad_scale, found_inf);
-  });
+  sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, a,
+                  lr, lr_tensor, grad_scale, found_inf);
 }
 
 void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -252,59 +250,50 @@ void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorL
     a.trust_coefficient = eeta;
     a.eps = epsilon;
   }
-  with_masters("colossal_lars_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, p, g, momentum_buffers, first_step, a, lr,
-                    lr_tensor, grad_scale, found_inf);
-  });
+  sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, master_params,
+                  first_step, a, lr, lr_tensor, grad_scale, found_inf);
 }
 
-void sparsified_sgd_on(at::TensorList params, at::TensorList grads_in, at::TensorList memories, double lr,
-                       double weight_decay, int64_t sparse_grad_size, bool random_sparse,
-                       const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
-                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories,
+                         at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
+                         bool random_sparse, const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
+                         const OptTensor& grad_scale, const OptTensor& found_inf) {
   const char* op = "sparsified_sgd_";
   if (params.empty()) return;
   TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  checked_params(op, params, {});
+  const UpdatedParams updated = checked_params(op, params, master_params);
   const auto grads = checked_grads(op, params, grads_in);
-  check_mutable(op, "memories", params, memories);
+  check_mutable(op, "memories", updated.values(), memories);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const DType dtype = dtype_of(op, params[0].scalar_type());
-  auto p = pointers(params), g = pointers(grads), m = pointers(memories);
+  const UpdateLists lists(op, updated);
+  auto g = pointers(grads), m = pointers(memories);
   const auto sizes = sizes_of(params);
-  cuda::sparsified_sgd_launch(dtype, static_cast<int64_t>(params.size()), p.data(), g.data(), m.data(), sizes.data(),
-                              scalars.get(), weight_decay, stream);
+  cuda::sparsified_sgd_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(),
+                              m.data(), lists.model_list(), sizes.data(), scalars.get(), weight_decay, stream);
   const auto indices = draw_sparse_indices(params, sparse_grad_size, random_sparse, generator);
   for (size_t t = 0; t < params.size(); ++t) {
     const at::Tensor index = indices[t].to(device);
-    cuda::sparse_apply_launch(dtype, p[t], m[t], index.data_ptr<int64_t>(), index.numel(), scalars.get(), stream);
+    cuda::sparse_apply_launch(lists.dtypes, lists.values[t], m[t], lists.model.empty() ? nullptr : lists.model[t],
+                              index.data_ptr<int64_t>(), index.numel(), scalars.get(), stream);
   }
 }
 
-void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList memories,
-                         at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
-                         bool random_sparse, const std::optional<at::Generator>& generator, const OptTensor& lr_tensor,
-                         const OptTensor& grad_scale, const OptTensor& found_inf) {
-  with_masters("sparsified_sgd_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    sparsified_sgd_on(p, g, memories, lr, weight_decay, sparse_grad_size, random_sparse, generator, lr_tensor,
-                      grad_scale, found_inf);
-  });
-}
-
-void adam_on(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2, double eps,
-               double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+               double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               const OptTensor& found_inf) {
   const char* op = "adam_";
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_moment_inputs(op, checked_params(op, params, {}), grads_in, exp_avgs, exp_avg_sqs);
+  const UpdatedParams updated = checked_params(op, params, master_params);
+  const auto grads = check_moment_inputs(op, updated, grads_in, exp_avgs, exp_avg_sqs);
   if (amsgrad) {
-    check_mutable(op, "max_exp_avg_sqs", params, max_exp_avg_sqs);
+    check_mutable(op, "max_exp_avg_sqs", updated.values(), max_exp_avg_sqs);
   } else {
     TORCH_CHECK(max_exp_avg_sqs.empty(), "fused_optim::adam_: max_exp_avg_sqs must be empty without amsgrad");
   }
@@ -319,41 +308,31 @@ void adam_on(at::TensorList params, at::TensorList grads_in, at::TensorList exp_
   a.decoupled = decoupled;
   a.maximize = maximize;
   a.bias_correction = bias_correction;
-  auto p = pointers(params), g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
-  auto vmax = pointers(max_exp_avg_sqs);
+  const UpdateLists lists(op, updated);
+  auto g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs), vmax = pointers(max_exp_avg_sqs);
   const auto sizes = sizes_of(params);
-  cuda::adam_launch(dtype_of(op, params[0].scalar_type()), static_cast<int64_t>(params.size()), p.data(), g.data(),
-                    m.data(), v.data(), amsgrad ? vmax.data() : nullptr, step_ptrs.data(), sizes.data(), a,
+  cuda::adam_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), m.data(),
+                    v.data(), amsgrad ? vmax.data() : nullptr, lists.model_list(), step_ptrs.data(), sizes.data(), a,
                     c10::cuda::getCurrentCUDAStream());
-}
-
-void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
-               double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-               const OptTensor& found_inf) {
-  with_masters("adam_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    adam_on(p, g, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-            decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf);
-  });
 }
 
 // lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
 void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
-                   at::TensorList exp_avg_sqs, at::TensorList steps, cuda::LambArgs a, double lr,
-                   const OptTensor& global_grad_norm, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                   const OptTensor& found_inf) {
+                   at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, cuda::LambArgs a,
+                   double lr, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
+                   const OptTensor& grad_scale, const OptTensor& found_inf) {
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
-  const auto grads = check_moment_inputs(op, checked_params(op, params, {}), grads_in, exp_avgs, exp_avg_sqs);
+  const UpdatedParams updated = checked_params(op, params, masters);
+  const auto grads = check_moment_inputs(op, updated, grads_in, exp_avgs, exp_avg_sqs);
   auto step_ptrs = checked_steps(op, params, steps);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   a.s = scalars.get();
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const DType dtype = dtype_of(op, params[0].scalar_type());
+  const UpdateLists lists(op, updated);
   const int64_t n = static_cast<int64_t>(params.size());
-  auto p = pointers(params), g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
+  auto g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
   const auto sizes = sizes_of(params);
   const int64_t max_chunks = max_chunks_of(sizes);
   const at::Tensor clip_norm = device_scalar(op, "global_grad_norm", global_grad_norm, device);
@@ -362,13 +341,13 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
     a.grad_norm = clip_norm.data_ptr<float>();
   } else if (a.max_grad_norm > 0.f) {  // the norm of this call's grads: all chunks summed as one
     grad_sq.emplace(device, n, max_chunks, 1);
-    cuda::sum_squares_launch(dtype, 1, n, g.data(), sizes.data(), nullptr, grad_sq->sums, stream);
+    cuda::sum_squares_launch(lists.dtypes.grads, n, g.data(), sizes.data(), nullptr, grad_sq->sums, stream);
     cuda::sum_chunks_launch(1, 1, {grad_sq->sums.partials, n * max_chunks, grad_sq->sums.out}, stream);
     a.grad_sq = grad_sq->sums.out;
   }
   SumsScratch norms(device, a.trust_ratio ? n : 0, max_chunks, 2);
-  cuda::lamb_launch(dtype, n, p.data(), g.data(), m.data(), v.data(), step_ptrs.data(), sizes.data(), a, norms.sums,
-                    stream);
+  cuda::lamb_launch(lists.dtypes, n, lists.values.data(), g.data(), m.data(), v.data(), lists.model_list(),
+                    step_ptrs.data(), sizes.data(), a, norms.sums, stream);
 }
 
 void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -379,10 +358,8 @@ void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
                                               adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
-  with_masters("lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    run_lamb_cuda("lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, global_grad_norm, lr_tensor, grad_scale,
-                  found_inf);
-  });
+  run_lamb_cuda("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, global_grad_norm,
+                lr_tensor, grad_scale, found_inf);
 }
 
 void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -392,10 +369,8 @@ void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorL
                         const OptTensor& grad_scale, const OptTensor& found_inf) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
-  with_masters("colossal_lamb_", params, grads, master_params, [&](at::TensorList p, at::TensorList g) {
-    run_lamb_cuda("colossal_lamb_", p, g, exp_avgs, exp_avg_sqs, steps, a, lr, std::nullopt, lr_tensor, grad_scale,
-                  found_inf);
-  });
+  run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, std::nullopt,
+                lr_tensor, grad_scale, found_inf);
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.
@@ -425,7 +400,7 @@ at::Tensor squares_per_tensor(const char* op, at::TensorList tensors) {
       index.push_back(static_cast<int32_t>(t));
     }
     if (!ptrs.empty()) {
-      cuda::sum_squares_launch(dtype_of(op, type), 1, static_cast<int64_t>(ptrs.size()), ptrs.data(), ss.data(),
+      cuda::sum_squares_launch(dtype_of(op, type), static_cast<int64_t>(ptrs.size()), ptrs.data(), ss.data(),
                                index.data(), scratch.sums, stream);
     }
   }

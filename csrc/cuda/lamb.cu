@@ -5,7 +5,9 @@
 // With the trust ratio, phase 1 updates m and v and writes the chunk partials of ||p||^2 and
 // ||u||^2, sum_chunks adds them per tensor (fixed order), and phase 2 recomputes u from the stored
 // m, v and the untouched p and updates p: no scratch the size of the params, grads untouched.
-// Then the step counters are incremented; everything is skipped when found_inf is set.
+// Then the step counters are incremented; everything is skipped when found_inf is set. With master
+// weights every pass reads the fp16/bf16 grads and the fp32 masters and state directly (||p|| is
+// the masters' norm), and the passes that update the masters write the rounded params.
 #include "launch.h"
 #include "reduce.cuh"
 #include "../shared/lamb_math.h"
@@ -41,16 +43,20 @@ __device__ TensorLamb<M> tensor_lamb(const TensorListMetadata<Depth>& meta, cons
           numbers.lr};
 }
 
-// Without the trust ratio, one pass. Lists: params, exp_avgs, exp_avg_sqs (mutable), grads; steps.
-template <typename T>
+// Without the trust ratio, one pass. Lists: params, exp_avgs, exp_avg_sqs (mutable), grads; the
+// model params with master weights (U: UpdateTypes); steps.
+template <typename U>
 struct LambOnePass {
-  __device__ static void apply(const TensorListMetadata<5>& meta, const LambArgs& a) {
-    using M = opmath_t<T>;
+  using Types = ListTypes<typename U::value_t, typename U::state_t, typename U::state_t, typename U::grad_t>;
+  static constexpr int kSteps = 4 + U::kModelLists;
+
+  __device__ static void apply(const TensorListMetadata<kSteps + 1>& meta, const LambArgs& a) {
+    using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, 4, a);
+    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, kSteps, a);
     const M neg_lr = static_cast<M>(-lamb.lr);
-    for_each_element<T, 4, 3>(meta, chunk, [&](M(&x)[4]) {
+    for_each_element<Types, 3, typename U::model_t>(meta, chunk, [&](M(&x)[4]) {
       lamb.rule.moments(x[0], x[3], x[1], x[2]);
       LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
     });
@@ -58,20 +64,21 @@ struct LambOnePass {
 };
 
 // Phase 1. Lists: exp_avgs, exp_avg_sqs (mutable), params, grads; steps. Partials of ||p||², ||u||².
-template <typename T>
+template <typename U>
 struct LambMoments {
+  using Types = ListTypes<typename U::state_t, typename U::state_t, typename U::value_t, typename U::grad_t>;
   struct Args {
     LambArgs lamb;
     ChunkSums sums;
   };
 
   __device__ static void apply(const TensorListMetadata<5>& meta, const Args& a) {
-    using M = opmath_t<T>;
+    using M = typename Types::opmath;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
     const LambRule<M> rule = tensor_lamb<M>(meta, chunk, 4, a.lamb).rule;
     M acc[2] = {};
-    for_each_element<T, 4, 2>(meta, chunk, [&](M(&x)[4]) {
+    for_each_element<Types, 2>(meta, chunk, [&](M(&x)[4]) {
       rule.moments(x[2], x[3], x[0], x[1]);
       const M u = rule.direction(x[2], x[0], x[1]);
       acc[0] = fma(x[2], x[2], acc[0]);
@@ -81,20 +88,23 @@ struct LambMoments {
   }
 };
 
-// Phase 2. Lists: params (mutable), exp_avgs, exp_avg_sqs; steps. Reads the per-tensor sums.
-template <typename T>
+// Phase 2. Lists: params (mutable), exp_avgs, exp_avg_sqs; the model params with master weights;
+// steps. Reads the per-tensor sums.
+template <typename U>
 struct LambTrustedUpdate {
-  using Args = typename LambMoments<T>::Args;
+  using Types = ListTypes<typename U::value_t, typename U::state_t, typename U::state_t>;
+  using Args = typename LambMoments<U>::Args;
+  static constexpr int kSteps = 3 + U::kModelLists;
 
-  __device__ static void apply(const TensorListMetadata<4>& meta, const Args& a) {
-    using M = opmath_t<T>;
+  __device__ static void apply(const TensorListMetadata<kSteps + 1>& meta, const Args& a) {
+    using M = typename Types::opmath;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, 3, a.lamb);
+    const TensorLamb<M> lamb = tensor_lamb<M>(meta, chunk, kSteps, a.lamb);
     const double r = lamb_trust_ratio(sqrt(a.sums.out[2 * chunk.tensor]), sqrt(a.sums.out[2 * chunk.tensor + 1]),
                                       a.lamb.trust_clip);
     const M neg_lr = static_cast<M>(-lamb.lr * r);
-    for_each_element<T, 3, 1>(meta, chunk, [&](M(&x)[3]) {
+    for_each_element<Types, 1, typename U::model_t>(meta, chunk, [&](M(&x)[3]) {
       LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
     });
   }
@@ -102,23 +112,24 @@ struct LambTrustedUpdate {
 
 }  // namespace
 
-void lamb_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
-                 void* const* exp_avg_sqs, float* const* steps, const int64_t* sizes, const LambArgs& args,
-                 const ChunkSums& sums, cudaStream_t stream) {
+void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                 void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
+                 const int64_t* sizes, const LambArgs& args, const ChunkSums& sums, cudaStream_t stream) {
   void* const* step_list = reinterpret_cast<void* const*>(steps);
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+  dispatch_update(dtypes, [&](auto types) {
+    using U = decltype(types);
+    constexpr int kModel = U::kModelLists;
     if (!args.trust_ratio) {
-      const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, step_list});
-      multi_tensor_apply<5, LambOnePass<T>>(n, lists.data(), sizes, args, stream);
+      const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, model, step_list});
+      multi_tensor_apply<5 + kModel, LambOnePass<U>>(n, lists.data(), sizes, args, stream);
       return;
     }
-    const typename LambMoments<T>::Args both{args, sums};
+    const typename LambMoments<U>::Args both{args, sums};
     const auto phase1 = concat_lists(n, {exp_avgs, exp_avg_sqs, params, grads, step_list});
-    multi_tensor_apply<5, LambMoments<T>>(n, phase1.data(), sizes, both, stream);
+    multi_tensor_apply<5, LambMoments<U>>(n, phase1.data(), sizes, both, stream);
     sum_chunks_launch(2, n, sums, stream);
-    const auto phase2 = concat_lists(n, {params, exp_avgs, exp_avg_sqs, step_list});
-    multi_tensor_apply<4, LambTrustedUpdate<T>>(n, phase2.data(), sizes, both, stream);
+    const auto phase2 = concat_lists(n, {params, exp_avgs, exp_avg_sqs, model, step_list});
+    multi_tensor_apply<4 + kModel, LambTrustedUpdate<U>>(n, phase2.data(), sizes, both, stream);
   });
   increment_steps_launch(n, steps, args.s, stream);
 }

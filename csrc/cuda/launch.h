@@ -22,16 +22,35 @@ namespace cuda {
 
 enum class DType { kFloat, kDouble, kHalf, kBFloat16 };
 
+// The dtypes of an update's lists: the grads (and the params as the caller holds them), the values
+// updated (the params, or their float32 master weights) and the optimizer state (today the
+// values' dtype). With master weights (values != grads) the params form a write-only list, each
+// written as its master rounded to nearest even, in the same pass (the `model` lists below;
+// nullptr without masters). The kernels exist for one dtype, and for fp16/bf16 grads with fp32
+// values and state (multi_tensor_apply.cuh's dispatch_update).
+struct UpdateDTypes {
+  DType grads, values, state;
+
+  static UpdateDTypes of(DType params, bool masters) {
+    const DType values = masters ? DType::kFloat : params;
+    return {params, values, values};
+  }
+  bool masters() const { return values != grads; }
+};
+
 // Elements per chunk of the launcher (one block each); per-chunk partial sums are laid out by it.
 constexpr int64_t kChunkSize = 65536;
 
 inline int64_t chunks_of(int64_t size) { return (size + kChunkSize - 1) / kChunkSize; }
 
-// The `pointers` argument of the launchers: the lists' n pointers each, one list after another.
+// The `pointers` argument of the launchers: the lists' n pointers each, one list after another;
+// absent lists (nullptr: no max_exp_avg_sqs, no model params without masters) are left out.
 inline std::vector<void*> concat_lists(int64_t n, std::initializer_list<void* const*> lists) {
   std::vector<void*> pointers;
   pointers.reserve(n * lists.size());
-  for (void* const* list : lists) pointers.insert(pointers.end(), list, list + n);
+  for (void* const* list : lists) {
+    if (list != nullptr) pointers.insert(pointers.end(), list, list + n);
+  }
   return pointers;
 }
 
@@ -53,9 +72,12 @@ struct ChunkSums {
   double* out;
 };
 
-// norm.cu: the chunk partials of Σx² of `lists` lists (1 or 2) of one dtype.
-void sum_squares_launch(DType dtype, int lists, int64_t n, void* const* pointers, const int64_t* sizes,
-                        const int32_t* index, const ChunkSums& sums, cudaStream_t stream);
+// norm.cu: the chunk partials of Σx² of one list of one dtype.
+void sum_squares_launch(DType dtype, int64_t n, void* const* pointers, const int64_t* sizes, const int32_t* index,
+                        const ChunkSums& sums, cudaStream_t stream);
+// norm.cu: the chunk partials of Σv² and Σg² (2 lists) of an update's values and grads.
+void value_grad_squares_launch(const UpdateDTypes& dtypes, int64_t n, void* const* values, void* const* grads,
+                               const int64_t* sizes, const ChunkSums& sums, cudaStream_t stream);
 // out[t * lists + k] = Σ_chunk partials, for tensors t < n.
 void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream);
 
@@ -78,10 +100,10 @@ struct SgdArgs {
   bool trust_clip = false;
 };
 
-// bufs is nullptr when momentum == 0.
-void sgd_launch(DType dtype, SgdDirection direction, int64_t n, void* const* params, void* const* grads,
-                void* const* bufs, const int64_t* sizes, const int32_t* index, const SgdArgs& args,
-                cudaStream_t stream);
+// bufs is nullptr when momentum == 0. params: the values updated (UpdateDTypes).
+void sgd_launch(const UpdateDTypes& dtypes, SgdDirection direction, int64_t n, void* const* params,
+                void* const* grads, void* const* bufs, void* const* model, const int64_t* sizes, const int32_t* index,
+                const SgdArgs& args, cudaStream_t stream);
 
 // adam.cu: torch.optim.Adam / AdamW; max_exp_avg_sqs is nullptr without amsgrad. Increments steps.
 struct AdamArgs {
@@ -90,9 +112,9 @@ struct AdamArgs {
   bool decoupled = false, maximize = false, bias_correction = true;
 };
 
-void adam_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
-                 void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, float* const* steps, const int64_t* sizes,
-                 const AdamArgs& args, cudaStream_t stream);
+void adam_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                 void* const* exp_avgs, void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, void* const* model,
+                 float* const* steps, const int64_t* sizes, const AdamArgs& args, cudaStream_t stream);
 
 // lamb.cu: lamb_ and colossal_lamb_ (see lamb.cu). Increments steps.
 struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
@@ -104,17 +126,18 @@ struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
 };
 
 // sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio.
-void lamb_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* exp_avgs,
-                 void* const* exp_avg_sqs, float* const* steps, const int64_t* sizes, const LambArgs& args,
-                 const ChunkSums& sums, cudaStream_t stream);
+void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                 void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
+                 const int64_t* sizes, const LambArgs& args, const ChunkSums& sums, cudaStream_t stream);
 
 // sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
 // then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.
-void sparsified_sgd_launch(DType dtype, int64_t n, void* const* params, void* const* grads, void* const* memories,
-                           const int64_t* sizes, const DeviceScalars& scalars, double weight_decay,
-                           cudaStream_t stream);
-void sparse_apply_launch(DType dtype, void* param, void* memory, const int64_t* indices, int64_t k,
-                         const DeviceScalars& scalars, cudaStream_t stream);
+// With masters, params are the masters and model[t] / model the params written from them.
+void sparsified_sgd_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                           void* const* memories, void* const* model, const int64_t* sizes,
+                           const DeviceScalars& scalars, double weight_decay, cudaStream_t stream);
+void sparse_apply_launch(const UpdateDTypes& dtypes, void* param, void* memory, void* model, const int64_t* indices,
+                         int64_t k, const DeviceScalars& scalars, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fused_optim

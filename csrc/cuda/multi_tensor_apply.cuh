@@ -14,13 +14,20 @@
 // Inside a chunk, for_each_element gives the functor's op registers of opmath (float for
 // half/bfloat16/float, double for double): 16-byte vector loads and stores when every list's
 // pointer is 16-byte aligned, else scalar ones; a chunk's tail shorter than a vector is scalar.
+// The lists of a launch may hold different storage types (ListTypes): master weights read fp16 /
+// bf16 grads, update fp32 masters and state, and write the rounded masters to a write-only list of
+// fp16 / bf16 params, all in one pass.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
 
 #include "kernel_launch.cuh"
 #include "launch.h"
@@ -38,10 +45,8 @@ template <> struct MaxTensors<2> { static constexpr int value = 64; };
 template <> struct MaxTensors<3> { static constexpr int value = 48; };
 template <> struct MaxTensors<4> { static constexpr int value = 36; };
 template <> struct MaxTensors<5> { static constexpr int value = 30; };
-template <>
-struct MaxTensors<6> {
-  static constexpr int value = 26;
-};
+template <> struct MaxTensors<6> { static constexpr int value = 26; };
+template <> struct MaxTensors<7> { static constexpr int value = 24; };
 
 template <int Depth>
 struct TensorListMetadata {
@@ -53,6 +58,7 @@ struct TensorListMetadata {
   int32_t block_to_chunk[kMaxBlocks];
 };
 
+static_assert(sizeof(TensorListMetadata<7>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<6>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<5>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<1>) <= 3600, "kernel arguments must stay under 4 KB");
@@ -85,6 +91,34 @@ void dispatch_dtype(DType dtype, const F& f) {
   }
 }
 
+// The storage types of an update's lists (UpdateDTypes, launch.h): G of the grads, V of the values
+// updated, S of the state, Model of the params written from the values (void: the values are the
+// params). A functor instantiated for them puts the model list right after its element lists.
+template <typename G, typename V, typename S, typename Model>
+struct UpdateTypes {
+  using grad_t = G;
+  using value_t = V;
+  using state_t = S;
+  using model_t = Model;
+  static constexpr int kModelLists = std::is_void_v<Model> ? 0 : 1;
+};
+
+// Calls f(UpdateTypes<...>{}) for the dtypes of an update (host side: picks the kernels to launch).
+template <typename F>
+void dispatch_update(const UpdateDTypes& dtypes, const F& f) {
+  if (dtypes.values == dtypes.grads && dtypes.state == dtypes.values) {
+    return dispatch_dtype(dtypes.grads, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      f(UpdateTypes<T, T, T, void>{});
+    });
+  }
+  if (dtypes.values == DType::kFloat && dtypes.state == DType::kFloat) {  // master weights
+    if (dtypes.grads == DType::kHalf) return f(UpdateTypes<__half, float, float, __half>{});
+    if (dtypes.grads == DType::kBFloat16) return f(UpdateTypes<__nv_bfloat16, float, float, __nv_bfloat16>{});
+  }
+  throw std::invalid_argument("fused_optim CUDA: no update kernel for these dtypes of grads, values and state");
+}
+
 // The per-step scalars (launch.h), read by every block.
 __device__ __forceinline__ bool skip_step(const DeviceScalars& s) {
   return s.found_inf != nullptr && *s.found_inf != 0.f;
@@ -110,45 +144,146 @@ __device__ __forceinline__ Chunk chunk_of_block(const TensorListMetadata<Depth>&
   return {slot, meta.tensor_index[slot], begin, end};
 }
 
-// One element: x[d] = list d's value (element(d), a T&) in opmath; op(x); lists [0, Mutable) stored back.
-template <typename T, int Depth, int Mutable, typename Op, typename Element>
-__device__ __forceinline__ void apply_at(Op& op, Element element) {
-  opmath_t<T> x[Depth];
-#pragma unroll
-  for (int d = 0; d < Depth; ++d) x[d] = to_opmath<T>(element(d));
-  op(x);
-#pragma unroll
-  for (int d = 0; d < Mutable; ++d) element(d) = from_opmath<T>(x[d]);
+// The storage types of the element lists of a launch, in list order (each list's tensors hold
+// one type; the lists may differ, e.g. fp16 grads next to fp32 masters and state). Every type has
+// the same opmath: float for half/bfloat16/float, double for double.
+template <int D, typename S0, typename... S>
+struct TypeAt {
+  using type = typename TypeAt<D - 1, S...>::type;
+};
+template <typename S0, typename... S>
+struct TypeAt<0, S0, S...> {
+  using type = S0;
+};
+
+template <size_t A, size_t... B>
+struct MinOf {
+  static constexpr size_t value = A;
+};
+template <size_t A, size_t B, size_t... C>
+struct MinOf<A, B, C...> {
+  static constexpr size_t value = MinOf<(A < B ? A : B), C...>::value;
+};
+
+template <typename... S>
+struct ListTypes {
+  static constexpr int size = sizeof...(S);
+  template <int D>
+  using at = typename TypeAt<D, S...>::type;
+  using opmath = opmath_t<at<0>>;
+  static_assert((std::is_same_v<opmath_t<S>, opmath> && ...), "the lists of a launch share one opmath");
+  static constexpr int kMinBytes = static_cast<int>(MinOf<sizeof(S)...>::value);
+};
+
+// N lists of one type T.
+template <typename T, int N, typename... S>
+struct SameTypes {
+  using type = typename SameTypes<T, N - 1, T, S...>::type;
+};
+template <typename T, typename... S>
+struct SameTypes<T, 0, S...> {
+  using type = ListTypes<S...>;
+};
+template <typename T, int N>
+using Same = typename SameTypes<T, N>::type;
+
+// f(Index<0>{}), ..., f(Index<N - 1>{}): a loop over lists of different types.
+template <int D>
+struct Index {
+  static constexpr int value = D;
+};
+template <typename F, int... D>
+__device__ __forceinline__ void each_index(F& f, std::integer_sequence<int, D...>) {
+  (f(Index<D>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void static_for(F f) {
+  each_index(f, std::make_integer_sequence<int, N>{});
 }
 
-// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath, for the first
-// Lists lists (all of T; lists after them carry other per-tensor pointers, e.g. step counters);
-// lists [0, Mutable) are stored back.
-template <typename T, int Lists, int Mutable, int Depth, typename Op>
-__device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
-  static_assert(Mutable <= Lists && Lists <= Depth, "lists: mutable first, element lists before the others");
-  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
-  T* ptrs[Lists];
-  bool aligned = true;
-  for (int d = 0; d < Lists; ++d) {
-    ptrs[d] = static_cast<T*>(meta.addresses[d][chunk.slot]);
-    aligned = aligned && (reinterpret_cast<uintptr_t>(ptrs[d]) % 16 == 0);
+// kVec elements of a list of S at p (16-byte aligned, kVec * sizeof(S) a multiple of 16) in
+// 16-byte loads and stores.
+template <int kVec, typename S>
+__device__ __forceinline__ void load_vector(S (&raw)[kVec], const S* p) {
+  static_assert(kVec * sizeof(S) % 16 == 0, "a vector of every list is whole 16-byte words");
+#pragma unroll
+  for (int q = 0; q < static_cast<int>(kVec * sizeof(S) / 16); ++q) {
+    reinterpret_cast<uint4*>(raw)[q] = reinterpret_cast<const uint4*>(p)[q];
   }
+}
+template <int kVec, typename S>
+__device__ __forceinline__ void store_vector(S* p, const S (&raw)[kVec]) {
+  static_assert(kVec * sizeof(S) % 16 == 0, "a vector of every list is whole 16-byte words");
+#pragma unroll
+  for (int q = 0; q < static_cast<int>(kVec * sizeof(S) / 16); ++q) {
+    reinterpret_cast<uint4*>(p)[q] = reinterpret_cast<const uint4*>(raw)[q];
+  }
+}
+
+// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath, for the element
+// lists of Types (ListTypes: list d holds Types::at<d>); lists [0, Mutable) are stored back. With
+// a Model type (not void), the next list is write-only: it receives x[0] after op, rounded to
+// nearest even to Model (master weights: list 0 the fp32 masters, the model list their fp16/bf16
+// params). Lists after these carry other per-tensor pointers (e.g. step counters).
+template <typename Types, int Mutable, typename Model = void, int Depth, typename Op>
+__device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
+  using M = typename Types::opmath;
+  constexpr int kLists = Types::size;
+  constexpr bool kModel = !std::is_void_v<Model>;
+  static_assert(Mutable <= kLists && kLists + kModel <= Depth, "lists: mutable first, element lists before the others");
+  static_assert(!kModel || Mutable >= 1, "the model list receives list 0, which must be updated");
+  // Elements per step: 16 bytes of the narrowest list, the model list included.
+  using ModelOrByte = std::conditional_t<kModel, Model, char>;
+  constexpr int kVec = 16 / static_cast<int>(MinOf<Types::kMinBytes, kModel ? sizeof(ModelOrByte) : 16>::value);
+  bool aligned = true;
+  for (int d = 0; d < kLists + kModel; ++d) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(meta.addresses[d][chunk.slot]) % 16 == 0);
+  }
+  const auto list = [&](auto d) {
+    using S = typename Types::template at<decltype(d)::value>;
+    return static_cast<S*>(meta.addresses[decltype(d)::value][chunk.slot]);
+  };
+  Model* const model = kModel ? static_cast<Model*>(meta.addresses[kModel ? kLists : 0][chunk.slot]) : nullptr;
   int64_t i = chunk.begin;
   if (aligned) {  // begin is a multiple of kChunkSize, hence of kVec: the vectors stay aligned
     const int64_t vec_end = chunk.begin + (chunk.end - chunk.begin) / kVec * kVec;
     for (int64_t v = chunk.begin + static_cast<int64_t>(threadIdx.x) * kVec; v < vec_end;
          v += static_cast<int64_t>(blockDim.x) * kVec) {
-      alignas(16) T raw[Lists][kVec];
-      for (int d = 0; d < Lists; ++d) *reinterpret_cast<uint4*>(raw[d]) = *reinterpret_cast<const uint4*>(ptrs[d] + v);
+      M x[kVec][kLists];
+      static_for<kLists>([&](auto d) {
+        using S = typename Types::template at<decltype(d)::value>;
+        alignas(16) S raw[kVec];
+        load_vector<kVec>(raw, list(d) + v);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) apply_at<T, Lists, Mutable>(op, [&](int d) -> T& { return raw[d][e]; });
-      for (int d = 0; d < Mutable; ++d) *reinterpret_cast<uint4*>(ptrs[d] + v) = *reinterpret_cast<const uint4*>(raw[d]);
+        for (int e = 0; e < kVec; ++e) x[e][decltype(d)::value] = to_opmath<S>(raw[e]);
+      });
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) op(x[e]);
+      static_for<Mutable>([&](auto d) {
+        using S = typename Types::template at<decltype(d)::value>;
+        alignas(16) S raw[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) raw[e] = from_opmath<S>(x[e][decltype(d)::value]);
+        store_vector<kVec>(list(d) + v, raw);
+      });
+      if constexpr (kModel) {
+        alignas(16) Model raw[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) raw[e] = from_opmath<Model>(x[e][0]);
+        store_vector<kVec>(model + v, raw);
+      }
     }
     i = vec_end;
   }
   for (int64_t j = i + threadIdx.x; j < chunk.end; j += blockDim.x) {
-    apply_at<T, Lists, Mutable>(op, [&](int d) -> T& { return ptrs[d][j]; });
+    M x[kLists];
+    static_for<kLists>([&](auto d) { x[decltype(d)::value] = to_opmath(list(d)[j]); });
+    op(x);
+    static_for<Mutable>([&](auto d) {
+      using S = typename Types::template at<decltype(d)::value>;
+      list(d)[j] = from_opmath<S>(x[decltype(d)::value]);
+    });
+    if constexpr (kModel) model[j] = from_opmath<Model>(x[0]);
   }
 }
 

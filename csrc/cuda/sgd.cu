@@ -2,7 +2,11 @@
 // csrc/cpu/sgd_family.h). The per-element rule is csrc/shared/sgd_math.h, with per-tensor numbers
 // grad_mul = ±1/grad_scale (− when maximize), wd = weight_decay and lr, except with trust ratios
 // (csrc/shared/trust_ratio.h), computed by each block from its tensor's sums of squares (||p||,
-// ||g|| = sqrt(Σg²)/grad_scale). found_inf is checked first by every block.
+// ||g|| = sqrt(Σg²)/grad_scale). found_inf is checked first by every block. With master weights
+// one pass reads the fp16/bf16 grads, updates the fp32 masters and momentum buffers and writes
+// the rounded params; ||p|| is then the masters' norm.
+#include <type_traits>
+
 #include "launch.h"
 #include "multi_tensor_apply.cuh"
 #include "../shared/sgd_math.h"
@@ -32,14 +36,18 @@ __device__ __forceinline__ TensorNumbers tensor_numbers(const SgdArgs& a, int32_
   return n;
 }
 
-// Lists: params (mutable), momentum buffers (mutable, with momentum), grads.
-template <typename T, SgdDirection D, bool kMomentum>
+// Lists: params (mutable), momentum buffers (mutable, with momentum), grads; the model params
+// with master weights (U: UpdateTypes).
+template <typename U, SgdDirection D, bool kMomentum>
 struct SgdFunctor {
-  static constexpr int kDepth = kMomentum ? 3 : 2;
+  using V = typename U::value_t;
+  using Types = std::conditional_t<kMomentum, ListTypes<V, typename U::state_t, typename U::grad_t>,
+                                   ListTypes<V, typename U::grad_t>>;
+  static constexpr int kLists = Types::size;
   static constexpr int kMutable = kMomentum ? 2 : 1;
 
-  __device__ static void apply(const TensorListMetadata<kDepth>& meta, const SgdArgs& a) {
-    using M = opmath_t<T>;
+  __device__ static void apply(const TensorListMetadata<kLists + U::kModelLists>& meta, const SgdArgs& a) {
+    using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
     const TensorNumbers n = tensor_numbers(a, chunk.tensor);
@@ -53,42 +61,43 @@ struct SgdFunctor {
                              a.wd_after_momentum,
                              a.nesterov,
                              a.first_step};
-    for_each_element<T, kDepth, kMutable>(meta, chunk, [&](M (&x)[kDepth]) {
+    for_each_element<Types, kMutable, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kMomentum) {
-        rule.apply(x[0], x[kDepth - 1], x[1]);
+        rule.apply(x[0], x[kLists - 1], x[1]);
       } else {
-        rule.apply(x[0], x[kDepth - 1]);
+        rule.apply(x[0], x[kLists - 1]);
       }
     });
   }
 };
 
-template <typename T, SgdDirection D>
-void sgd_typed(int64_t n, void* const* params, void* const* grads, void* const* bufs, const int64_t* sizes,
-               const int32_t* index, const SgdArgs& args, cudaStream_t stream) {
+template <typename U, SgdDirection D>
+void sgd_typed(int64_t n, void* const* params, void* const* grads, void* const* bufs, void* const* model,
+               const int64_t* sizes, const int32_t* index, const SgdArgs& args, cudaStream_t stream) {
+  constexpr int kModel = U::kModelLists;
   if (bufs != nullptr) {
-    const auto lists = concat_lists(n, {params, bufs, grads});
-    multi_tensor_apply<3, SgdFunctor<T, D, true>>(n, lists.data(), sizes, args, stream, index);
+    const auto lists = concat_lists(n, {params, bufs, grads, model});
+    multi_tensor_apply<3 + kModel, SgdFunctor<U, D, true>>(n, lists.data(), sizes, args, stream, index);
   } else {
-    const auto lists = concat_lists(n, {params, grads});
-    multi_tensor_apply<2, SgdFunctor<T, D, false>>(n, lists.data(), sizes, args, stream, index);
+    const auto lists = concat_lists(n, {params, grads, model});
+    multi_tensor_apply<2 + kModel, SgdFunctor<U, D, false>>(n, lists.data(), sizes, args, stream, index);
   }
 }
 
 }  // namespace
 
-void sgd_launch(DType dtype, SgdDirection direction, int64_t n, void* const* params, void* const* grads,
-                void* const* bufs, const int64_t* sizes, const int32_t* index, const SgdArgs& args,
-                cudaStream_t stream) {
-  dispatch_dtype(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
+void sgd_launch(const UpdateDTypes& dtypes, SgdDirection direction, int64_t n, void* const* params,
+                void* const* grads, void* const* bufs, void* const* model, const int64_t* sizes, const int32_t* index,
+                const SgdArgs& args, cudaStream_t stream) {
+  dispatch_update(dtypes, [&](auto types) {
+    using U = decltype(types);
     switch (direction) {
       case SgdDirection::kPlain:
-        return sgd_typed<T, SgdDirection::kPlain>(n, params, grads, bufs, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kPlain>(n, params, grads, bufs, model, sizes, index, args, stream);
       case SgdDirection::kSign:
-        return sgd_typed<T, SgdDirection::kSign>(n, params, grads, bufs, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kSign>(n, params, grads, bufs, model, sizes, index, args, stream);
       case SgdDirection::kClamp:
-        return sgd_typed<T, SgdDirection::kClamp>(n, params, grads, bufs, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kClamp>(n, params, grads, bufs, model, sizes, index, args, stream);
     }
   });
 }

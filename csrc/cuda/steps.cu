@@ -12,7 +12,7 @@ namespace {
 struct IncrementFunctor {
   __device__ static void apply(const TensorListMetadata<1>& meta, const DeviceScalars& s) {
     if (skip_step(s)) return;
-    for_each_element<float, 1, 1>(meta, chunk_of_block(meta), [](float(&x)[1]) { x[0] += 1.f; });
+    for_each_element<ListTypes<float>, 1>(meta, chunk_of_block(meta), [](float(&x)[1]) { x[0] += 1.f; });
   }
 };
 
