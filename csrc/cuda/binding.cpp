@@ -441,4 +441,12 @@ TORCH_LIBRARY_IMPL(FUSED_OPTIM_CUDA_LIBRARY, FUSED_OPTIM_CUDA_KEY, m) {
 #undef FUSED_OPTIM_REGISTER_CUDA
 }
 
+#ifdef FUSED_OPTIM_EMULATED_LAUNCH
+// The emulated library's count of kernel launches (csrc/emulation/cuda_runtime.h): tests count
+// the device passes of a step with it.
+TORCH_LIBRARY_FRAGMENT(FUSED_OPTIM_CUDA_LIBRARY, m) {
+  m.def("emulated_launches() -> int", [] { return static_cast<int64_t>(emulation::launches.load()); });
+}
+#endif
+
 }  // namespace fused_optim

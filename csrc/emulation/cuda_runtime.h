@@ -11,11 +11,13 @@
 // place of <<<...>>>. A launch is checked as CUDA checks it (grid and block dimensions, at most 1024
 // threads; the kernel arguments' 4 KB at compile time) and then runs every block (scheduler.h);
 // errors are set as CUDA's and read with cudaGetLastError(). __launch_bounds__ is accepted and
-// not checked: a host function carries no attribute the launch could read back.
+// not checked: a host function carries no attribute the launch could read back. Launches are
+// counted (emulation::launches).
 #pragma once
 
 #include <math.h>  // sqrt, fma, fmin, fmax, pow with their float overloads, as CUDA declares them
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -130,6 +132,10 @@ inline std::string configuration_error(dim3 grid, dim3 block) {
   return "";
 }
 
+// The launches that ran (valid configurations), in the process: the device passes a step takes
+// (the emulated library's op `emulated_launches`, csrc/cuda/binding.cpp).
+inline std::atomic<int64_t> launches{0};
+
 // kernel<<<grid, block, 0, stream>>>(args...), `call(args...)` calling the kernel: the arguments
 // are copied once (CUDA's parameter space), then every thread calls the kernel with them.
 template <typename Call, typename... Args>
@@ -137,6 +143,7 @@ void launch(const Call& call, dim3 grid, dim3 block, cudaStream_t, Args&&... arg
   static_assert((sizeof(std::decay_t<Args>) + ... + 0) <= 4096, "kernel arguments are limited to 4 KB");
   const std::string bad = configuration_error(grid, block);
   if (!bad.empty()) return set_error(cudaErrorInvalidConfiguration, bad);
+  ++launches;
   const std::tuple<std::decay_t<Args>...> parameters(std::forward<Args>(args)...);
   const auto thread = [&] { std::apply(call, parameters); };
   const std::string failure = scheduler().run(grid, block, thread);
