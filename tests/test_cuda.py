@@ -183,6 +183,32 @@ def test_more_tensors_and_chunks_than_one_launch_holds(backend, op):
     _assert_same(cuda_args, cpu_args, torch.float32, f"{op} over {len(sizes)} tensors")
 
 
+@pytest.mark.parametrize("offset", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_master_weights_over_more_tensors_than_one_launch_holds(backend, op, offset):
+    """bf16 params with fp32 masters and state over 40 tensors (a launch of adam_'s 7 lists with
+    amsgrad and masters holds 24) and one of two chunks: the one-pass kernels (bf16 grads read,
+    masters and state updated, params written) give the CPU kernels' masters and state, bit for
+    bit emulated (same rules, fused multiply-adds on both) except the norm ops' sums (summation
+    order: fp32's TOLERANCE, as on a GPU), and each param is its master rounded to nearest even."""
+    sizes = [1 + 37 * k % 300 for k in range(40)] + [65537]
+    args, kwargs = sample_args(op, torch.float32, amp=True, sizes=sizes)
+    masters = 2 + [st.sample for st in SPECS[op].state].index("master")
+    half = [p.bfloat16() for p in args[0]]
+    args = (half, [g.bfloat16() for g in args[1]], *args[2:masters], [p.float() for p in half], *args[masters + 1:])
+    cpu_args, cuda_args = _to(args, "cpu"), _to(args, backend.device, offset)
+    getattr(torch.ops.fused_optim, op)(*cpu_args, **same_draws(kwargs))
+    backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
+    for p, m in zip(cuda_args[0], cuda_args[masters]):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, m.to(torch.bfloat16))
+    fp32 = slice(2, None)  # the masters and state; the params follow the masters
+    if backend.emulated and op not in {"lamb_", "colossal_lamb_", "lars_", "colossal_lars_"}:
+        for a, b in zip(cuda_args[fp32], cpu_args[fp32]):
+            assert all(torch.equal(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor)), op
+    else:
+        _assert_same(cuda_args[fp32], cpu_args[fp32], torch.float32, f"{op} with master weights")
+
+
 @pytest.mark.parametrize("op", list(SCALARS))
 def test_found_inf_on_the_device_changes_nothing(backend, op):
     args, kwargs = sample_args(op, torch.float32, amp=True)

@@ -48,8 +48,9 @@ def test_the_emulated_ops_have_their_own_namespace_and_leave_the_cpu_ops_alone()
 SANITIZED = {_build.EMULATION_SANITIZERS_ENV: "address,undefined", "ASAN_OPTIONS": "detect_leaks=0",
              "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
 # The emulated op tests run under them: every op on aligned and misaligned fp32 and misaligned
-# fp16 tensors (the vector and the scalar paths, every launch sequence), the overflow skip, norms.
-SANITIZED_TESTS = "emulated and (fp32 or fp16-misaligned or found_inf or l2norm or own_grads)"
+# fp16 tensors (the vector and the scalar paths, every launch sequence), with master weights (lists
+# of mixed storage types), the overflow skip, norms.
+SANITIZED_TESTS = "emulated and (fp32 or fp16-misaligned or master_weights or found_inf or l2norm or own_grads)"
 
 
 def _sanitizer_reports(output: str) -> list[str]:
