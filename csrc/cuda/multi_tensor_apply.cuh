@@ -156,6 +156,7 @@ struct TypeAt<0, S0, S...> {
   using type = S0;
 };
 
+// The least of sizes A, B...
 template <size_t A, size_t... B>
 struct MinOf {
   static constexpr size_t value = A;
@@ -174,18 +175,6 @@ struct ListTypes {
   static_assert((std::is_same_v<opmath_t<S>, opmath> && ...), "the lists of a launch share one opmath");
   static constexpr int kMinBytes = static_cast<int>(MinOf<sizeof(S)...>::value);
 };
-
-// N lists of one type T.
-template <typename T, int N, typename... S>
-struct SameTypes {
-  using type = typename SameTypes<T, N - 1, T, S...>::type;
-};
-template <typename T, typename... S>
-struct SameTypes<T, 0, S...> {
-  using type = ListTypes<S...>;
-};
-template <typename T, int N>
-using Same = typename SameTypes<T, N>::type;
 
 // f(Index<0>{}), ..., f(Index<N - 1>{}): a loop over lists of different types.
 template <int D>
