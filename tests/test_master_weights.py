@@ -72,16 +72,17 @@ def test_a_master_weights_step_is_the_fp32_step_then_a_cast(name, dtype, fused):
             assert (actual - wanted).abs().max().item() <= rtol * scale, f"{key} of param {i}"
 
 
+@pytest.mark.parametrize("dtype", HALF, ids=["fp16", "bf16"])
 @pytest.mark.parametrize("name", list_optimizers())
-def test_emulated_cuda_steps_with_master_weights_like_the_cpu_kernels(name):
+def test_emulated_cuda_steps_with_master_weights_like_the_cpu_kernels(name, dtype):
     """The CUDA code with masters (one pass over the half grads, fp32 masters and state, the
     rounded params written; csrc/cuda/multi_tensor_apply.cuh): the CPU kernels' one pass, bit for
     bit for the elementwise ops (the same rules, one fused multiply-add per x*y + z on both),
     within the sums' last bits for the norm ops (other summation orders: ~1 ulp of the update per
     step, 4 ulps of the param's scale per step allowed)."""
     fused_optim._build.load_emulated_cuda()
-    on_cpu = [torch.nn.Parameter(p) for p in _params(torch.bfloat16)]
-    emulated = [torch.nn.Parameter(p) for p in _params(torch.bfloat16)]
+    on_cpu = [torch.nn.Parameter(p) for p in _params(dtype)]
+    emulated = [torch.nn.Parameter(p) for p in _params(dtype)]
     ours = create_optimizer(name, emulated, fused=True, master_weights=True, **optimizer_kwargs(name))
     with fused_optim.testing.emulated_cuda():
         for step in range(3):
@@ -95,7 +96,7 @@ def test_emulated_cuda_steps_with_master_weights_like_the_cpu_kernels(name):
             if isinstance(b, torch.Tensor) and key != "step":
                 a = ours.state[p][key]
                 assert (a - b).abs().max().item() <= rtol * max(b.abs().max().item(), 1.0), key
-        assert torch.equal(p, ours.state[p]["master_param"].to(torch.bfloat16))
+        assert torch.equal(p, ours.state[p]["master_param"].to(dtype))
 
 
 def _emulated_steps(name, dtype, masters, steps=3):
