@@ -4,8 +4,8 @@ params) or the 1M list of :mod:`.optimizers`::
 
     python -m fused_optim.bench.distributed --world 2 4 --list 25M --rounds 5
 
-Variants, each on its own copy of the model, interleaved round by round: DDP (its all-reduce of
-the grads, 25 MB buckets) + fused SGD; CentralizedSGD (flat buckets, and by layer); PowerSGD rank
+Variants, interleaved round by round: DDP (its all-reduce of the grads, 25 MB buckets) + fused
+SGD; CentralizedSGD (flat buckets: synchronous, and ``overlap=True``; by layer); PowerSGD rank
 1, 2, 4; DecentralizedSGD on a ring. A step is forward + backward + optimizer step; the model's
 loss is Σ_p Σ(p·x) (its backward writes x into every grad), the same compute for every variant, so
 differences are communication. Bytes are the payload of each collective (all_reduce: the tensor;
@@ -82,6 +82,10 @@ def _variants(shapes, rank: int, world: int, mlbench: str | None) -> dict:
         model.register_comm_hook(None, allreduce_hook)  # its dist.all_reduce is counted
         return model, SGD(model.parameters(), **SGD_KW)
 
+    def overlapped():
+        model = _Model(shapes)
+        return model, CentralizedSGD(world, model, overlap=True, **SGD_KW)
+
     ours = {
         "CentralizedSGD (flat)": lambda m: CentralizedSGD(world, m, **SGD_KW),
         "CentralizedSGD (by layer)": lambda m: CentralizedSGD(world, m, by_layer=True, **SGD_KW),
@@ -91,7 +95,7 @@ def _variants(shapes, rank: int, world: int, mlbench: str | None) -> dict:
     }
     peers = {} if mlbench is None else mlbench_peer.variants(mlbench, rank, world, ring(rank, world), SGD_KW)
     on_shared = {**ours, **{PEER + name: make for name, make in peers.items()}}
-    return {"DDP all-reduce + SGD": ddp,
+    return {"DDP all-reduce + SGD": ddp, "CentralizedSGD (flat, overlap)": overlapped,
             **{name: functools.partial(lambda make: (shared, make(shared)), make) for name, make in on_shared.items()}}
 
 
