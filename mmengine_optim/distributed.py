@@ -6,7 +6,7 @@
 
 mmengine's optimizer constructor fills an optimizer's first parameter with the model's params;
 each name here takes them first: ``PowerSGD`` and ``CentralizedSparsifiedSGD`` are the classes,
-the others small factories (``world_size`` defaults to the group's; ``CustomCentralizedOptimizer``
+the others :mod:`fused_optim.distributed.by_params`'s constructors (``world_size`` defaults to the group's; ``CustomCentralizedOptimizer``
 takes its inner optimizer as a config, ``optimizer=dict(type='mmengine_optim.adamw', lr=1e-3)``;
 ``DecentralizedSGD`` takes ``neighbors='ring'``, ``dict(type='torus', rows=..., cols=...)`` or a
 list, for this process's rank). Train with ``torchrun ... -m mmengine_optim.train CONFIG --launcher pytorch``.
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from fused_optim import distributed as fd
-from fused_optim.distributed.comm import params_of
+from fused_optim.distributed import by_params
 
 from .registry import MODEL_WRAPPERS, OPTIMIZERS, register
 
@@ -46,34 +46,16 @@ class OptimizerSyncedModel(torch.nn.Module):
         return self.module.test_step(data)
 
 
-def CentralizedSGD(params, world_size=None, **kwargs):  # noqa: N802 (the class's config name)
-    return fd.CentralizedSGD(world_size, params, **kwargs)
-
-
-def CentralizedAdam(params, world_size=None, **kwargs):  # noqa: N802
-    return fd.CentralizedAdam(world_size, params, **kwargs)
-
-
 def CustomCentralizedOptimizer(params, optimizer: dict, world_size=None, **kwargs):  # noqa: N802
-    params = params_of(params)
-    inner = OPTIMIZERS.build({**optimizer, "params": params})
-    return fd.CustomCentralizedOptimizer(params, world_size, inner, **kwargs)
-
-
-def DecentralizedSGD(params, neighbors="ring", **kwargs):  # noqa: N802
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if neighbors == "ring":
-        neighbors = fd.ring(rank, world)
-    elif isinstance(neighbors, dict) and neighbors.get("type") == "torus":
-        neighbors = fd.torus(rank, neighbors["rows"], neighbors["cols"])
-    return fd.DecentralizedSGD(rank, neighbors, params, **kwargs)
+    """fused_optim's params-first ``CustomCentralizedOptimizer``, its inner ``optimizer`` a config
+    that mmengine's registry builds (any optimizer type it knows)."""
+    return by_params.CustomCentralizedOptimizer(params, lambda ps: OPTIMIZERS.build({**optimizer, "params": ps}),
+                                                world_size, **kwargs)
 
 
 def register_distributed() -> None:
     """Register the names above in our scope (and bare where free); idempotent."""
-    for factory in (CentralizedSGD, CentralizedAdam, CustomCentralizedOptimizer, DecentralizedSGD):
-        factory.__doc__ = getattr(fd, factory.__name__).__doc__
+    for factory in (by_params.CentralizedSGD, by_params.CentralizedAdam, CustomCentralizedOptimizer,
+                    by_params.DecentralizedSGD, fd.PowerSGD, fd.CentralizedSparsifiedSGD):
         register(OPTIMIZERS, factory)
-    register(OPTIMIZERS, fd.PowerSGD)
-    register(OPTIMIZERS, fd.CentralizedSparsifiedSGD)
     register(MODEL_WRAPPERS, OptimizerSyncedModel)
