@@ -18,9 +18,10 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
+from fused_optim.distributed import per_rank
+
 from .strategy import GroupEndingDDPStrategy
 
-PER_RANK = "per_rank"  # the checkpoint key of OptimizerSyncedStrategy: one entry per rank
 RANK_KEYS = ("state_dict", "optimizer_states")  # what differs between ranks
 
 
@@ -68,23 +69,13 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
         _sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
-        own = {key: checkpoint[key] for key in RANK_KEYS if key in checkpoint}
-        gathered = [None] * self.world_size if self.is_global_zero else None
-        dist.gather_object(own, gathered, dst=0)
+        gathered = per_rank.gather(checkpoint, RANK_KEYS)
         if self.is_global_zero:
-            super().save_checkpoint({**checkpoint, PER_RANK: gathered}, filepath, storage_options)
+            super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
-        per_rank = checkpoint.pop(PER_RANK, None)
-        if per_rank is None:  # another strategy's checkpoint: every rank loads the same
-            return checkpoint
-        if len(per_rank) != self.world_size:
-            raise ValueError(f"{checkpoint_path}: saved by {len(per_rank)} ranks, resumed on {self.world_size}: "
-                             f"each rank's params and optimizer state are its own; resume with "
-                             f"devices × num_nodes = {len(per_rank)}")
-        checkpoint.update(per_rank[self.global_rank])
-        return checkpoint
+        return per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
+                                "devices × num_nodes")
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
