@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from pathlib import Path
 
 PACKAGE = "mlbench_core"
@@ -51,6 +52,9 @@ def variants(root: str | Path, rank: int, world: int, neighbors: list[int], sgd:
     """name -> (model -> mlbench's optimizer over it), named as our rows in :mod:`.distributed`."""
     import torch
 
+    # its PowerSGD writes P·Qᵀ (n × m) into a view of a ≥3-d grad with matmul(out=): torch resizes
+    # the view (same storage, same numel: the values land right) and warns, once per shape
+    warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
     central, decentral = modules(Path(root))
 
     def centralized(model, by_layer=False):
