@@ -101,7 +101,8 @@ for _spec in (
 for _spec in (
     OptimizerSpec("centralized_sgd", by_params.CentralizedSGD, {},
                   "mlbench CentralizedSGD: grads all-reduced (flat buckets; overlap=True: during the backward), SGD"),
-    OptimizerSpec("centralized_adam", by_params.CentralizedAdam, {}, "mlbench CentralizedAdam: grads all-reduced, Adam"),
+    OptimizerSpec("centralized_adam", by_params.CentralizedAdam, {},
+                  "mlbench CentralizedAdam: grads all-reduced, Adam"),
     OptimizerSpec("custom_centralized", by_params.CustomCentralizedOptimizer, {},
                   "mlbench CustomCentralizedOptimizer: grads all-reduced, any inner optimizer (optimizer=name)"),
     OptimizerSpec("powersgd", PowerSGD, {}, "mlbench PowerSGD: rank-r compressed grads with error feedback, SGD"),

@@ -150,13 +150,14 @@ def test_distributed_names_create_the_distributed_optimizers(capsys):
 
     built = {name: create_optimizer(name, params(), lr=0.1) for name in list_distributed_optimizers()
              if name != "custom_centralized"}
-    built["custom_centralized"] = create_optimizer("custom_centralized", params(), optimizer=dict(type="adamw", lr=0.1),
-                                                   grad_clip=2.0)
+    built["custom_centralized"] = create_optimizer("custom_centralized", params(), grad_clip=2.0,
+                                                   optimizer=dict(type="adamw", lr=0.1))
     assert {name: type(opt).__name__ for name, opt in built.items()} == {
         "centralized_sgd": "CentralizedSGD", "centralized_adam": "CentralizedAdam",
         "custom_centralized": "CustomCentralizedOptimizer", "powersgd": "PowerSGD",
         "decentralized_sgd": "DecentralizedSGD", "centralized_sparsified_sgd": "CentralizedSparsifiedSGD"}
-    assert type(built["custom_centralized"].optimizer) is fused_optim.AdamW and built["custom_centralized"].grad_clip == 2
+    custom = built["custom_centralized"]
+    assert type(custom.optimizer) is fused_optim.AdamW and custom.grad_clip == 2
     assert create_optimizer("powersgd", params(), lr=0.1, rank=3).rank == 3
     assert isinstance(create_optimizer("centralized_sgd", params(), lr=0.1, momentum=0.5).optimizer, fused_optim.SGD)
     assert not set(list_distributed_optimizers()) & set(list_optimizers())

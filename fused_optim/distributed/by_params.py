@@ -45,8 +45,8 @@ def CustomCentralizedOptimizer(params, optimizer: str | dict | Callable[[list], 
 
 
 def DecentralizedSGD(params, neighbors="ring", **kwargs) -> decentralized.DecentralizedSGD:  # noqa: N802
-    """:class:`.decentralized.DecentralizedSGD` over ``params``; ``neighbors``: ``"ring"``, ``{"type": "torus", "rows": .., "cols": ..}`` (for this process's
-    rank) or a list of ranks."""
+    """:class:`.decentralized.DecentralizedSGD` over ``params``; ``neighbors``: ``"ring"``,
+    ``{"type": "torus", "rows": .., "cols": ..}`` (for this process's rank) or a list of ranks."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     if neighbors == "ring":
         neighbors = decentralized.ring(rank, world)
