@@ -13,14 +13,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import numpy as np
-import torch
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import StrategyRegistry
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
 from fused_optim.distributed import per_rank
 
+from .powersgd_state import PowerSGDKeeper
 from .strategy import GroupEndingDDPStrategy
 
 RANK_KEYS = ("state_dict", "optimizer_states")  # what differs between ranks
@@ -91,31 +90,6 @@ POWERSGD_OPTIONS = [name for name in inspect.signature(PowerSGDState).parameters
 
 
 HOOK_KEY = "powersgd_hook_state"  # a per-rank checkpoint entry of PowerSGDDDPStrategy
-# what of torch's PowerSGDState changes during training, besides its numpy generator
-_HOOK_DICTS = ("error_dict", "p_memory_dict", "q_memory_dict")  # bucket index -> tensor
-_HOOK_INTS = ("iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")
-
-
-def powersgd_state_dict(state: PowerSGDState) -> dict:
-    """The changing part of torch's ``PowerSGDState`` as tensors and numbers (so
-    ``torch.load(weights_only=True)`` loads it): the per-bucket error memories and warm-start P
-    and Q, the counters, and the numpy generator's state."""
-    _, keys, pos, has_gauss, cached = state.rng.get_state()
-    return {**{name: {int(k): v.detach().clone() for k, v in getattr(state, name).items()} for name in _HOOK_DICTS},
-            **{name: int(getattr(state, name)) for name in _HOOK_INTS},
-            "rng": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                    "cached_gaussian": float(cached)}}
-
-
-def load_powersgd_state(state: PowerSGDState, saved: dict, device) -> None:
-    """Put :func:`powersgd_state_dict`'s result back into ``state`` (tensors onto ``device``)."""
-    for name in _HOOK_DICTS:
-        setattr(state, name, {int(k): v.to(device) for k, v in saved[name].items()})
-    for name in _HOOK_INTS:
-        setattr(state, name, int(saved[name]))
-    rng = saved["rng"]
-    state.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["pos"], rng["has_gauss"],
-                         rng["cached_gaussian"]))
 
 
 class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
@@ -128,12 +102,11 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
             batch_tensors_with_same_shape: ``PowerSGDState``'s options (torch's defaults).
         **kwargs: ``DDPStrategy``'s, without ``ddp_comm_state`` / ``ddp_comm_hook``.
 
-    Checkpoints hold every rank's hook state (:func:`powersgd_state_dict`: error memories,
-    warm-start P and Q, iteration count, generator), gathered into ``checkpoint["per_rank"]``
-    (the model and optimizer are DDP's, the same on every rank); on resume each rank's is put
-    back into the hook once it is registered. A resume needs the same number of ranks. It is exact
-    when DDP's bucket layout after its rebuild (grads in backward order) is its initial one (params
-    in order); otherwise the first resumed step mixes the memories' entries (docs/distributed.md).
+    Checkpoints hold every rank's hook state (:class:`.powersgd_state.PowerSGDKeeper`: error
+    memories and warm-start Q per param, counters, generator), gathered into
+    ``checkpoint["per_rank"]`` (the model and optimizer are DDP's, the same on every rank); on
+    resume each rank's is put back into the hook, whatever DDP's bucket layout, so the run
+    continues exactly. A resume needs the same number of ranks.
 
     Example::
 
@@ -150,17 +123,19 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
         self.powersgd_options = {name: kwargs.pop(name) for name in POWERSGD_OPTIONS if name in kwargs}
         super().__init__(*args, **kwargs)
         self.powersgd_state: PowerSGDState | None = None
+        self.powersgd_keeper: PowerSGDKeeper | None = None
         self._resumed_hook_state: dict | None = None  # loaded before the hook exists: put in at registration
 
     def _register_ddp_hooks(self) -> None:
         self.powersgd_state = PowerSGDState(process_group=None, **self.powersgd_options)
-        self.model.register_comm_hook(self.powersgd_state, powerSGD_hook)
+        self.powersgd_keeper = PowerSGDKeeper(self.powersgd_state, list(self.model.module.parameters()))
+        self.model.register_comm_hook(self.powersgd_state, self.powersgd_keeper.hook)
         if self._resumed_hook_state is not None:
-            load_powersgd_state(self.powersgd_state, self._resumed_hook_state, self.root_device)
+            self.powersgd_keeper.load_state_dict(self._resumed_hook_state, self.root_device)
             self._resumed_hook_state = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
-        own = {} if self.powersgd_state is None else {HOOK_KEY: powersgd_state_dict(self.powersgd_state)}
+        own = {} if self.powersgd_keeper is None else {HOOK_KEY: self.powersgd_keeper.state_dict()}
         gathered = per_rank.gather(own, (HOOK_KEY,))
         if self.is_global_zero:
             super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
@@ -169,8 +144,8 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
         checkpoint = per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
                                       "devices × num_nodes")
         saved = checkpoint.pop(HOOK_KEY, None)
-        if saved is not None and self.powersgd_state is not None:
-            load_powersgd_state(self.powersgd_state, saved, self.root_device)
+        if saved is not None and self.powersgd_keeper is not None:
+            self.powersgd_keeper.load_state_dict(saved, self.root_device)
         elif saved is not None:
             self._resumed_hook_state = saved
         return checkpoint

@@ -32,7 +32,7 @@ POWERSGD = dict(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compress
 EPOCHS = 4  # the checkpointed runs: 4 epochs × 4 steps, saved after epoch 2 (an epoch boundary)
 # the checkpointed runs: (run name, Module kind, strategy maker)
 RESUMED = (("decentralized", "decentralized", lambda: "decentralized"), ("powersgd", "powersgd", lambda: "centralized"),
-           ("powersgd_ddp", "ddp_backward_ordered", lambda: lightning_optim.PowerSGDDDPStrategy(**POWERSGD)))
+           ("powersgd_ddp", "ddp", lambda: lightning_optim.PowerSGDDDPStrategy(**POWERSGD)))
 
 
 def item(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,23 +50,8 @@ class Items(torch.utils.data.Dataset):
         return (*item(i), torch.tensor(i))
 
 
-class BackwardOrdered(torch.nn.Module):
-    """Linear, tanh, Linear without biases, the second layer's weight registered first: the
-    backward makes the grads in param order, DDP's bucket layout before and after its rebuild."""
-
-    def __init__(self):
-        super().__init__()
-        first = torch.nn.Linear(6, 5, bias=False)
-        self.second, self.first = torch.nn.Linear(5, 1, bias=False), first
-
-    def forward(self, x):
-        return self.second(torch.tanh(self.first(x)))
-
-
-def net(seed: int, kind: str = "") -> torch.nn.Module:
+def net(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    if kind == "ddp_backward_ordered":
-        return BackwardOrdered().double()
     return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)).double()
 
 
@@ -85,7 +70,7 @@ class Module(pl.LightningModule):
 
     def __init__(self, kind: str, own_sampler: bool):
         super().__init__()
-        self.kind, self.net, self.seen = kind, net(int(os.environ.get("LOCAL_RANK", 0)), kind), []
+        self.kind, self.net, self.seen = kind, net(int(os.environ.get("LOCAL_RANK", 0))), []
         self.own_sampler = own_sampler
 
     def train_dataloader(self):
@@ -118,7 +103,7 @@ def fit(out: Path, run: str, kind: str, strategy: str, steps_or_ckpt, **trainer_
     trainer.fit(module, ckpt_path=steps_or_ckpt if isinstance(steps_or_ckpt, str) else None)
     hook = None
     if isinstance(trainer.strategy, lightning_optim.PowerSGDDDPStrategy):  # (fit unwrapped the DDP module)
-        hook = lightning_optim.distributed.powersgd_state_dict(trainer.strategy.powersgd_state)
+        hook = trainer.strategy.powersgd_keeper.state_dict()
         assert hook["iter"] == trainer.global_step  # the hook ran at every step (and resumed its count)
     else:
         assert trainer.model is module  # no DDP wrapper
