@@ -1,4 +1,4 @@
-"""The ``fused-optim`` command: ``info``, ``build``, ``bench``, ``demo``."""
+"""The ``fused-optim`` command: ``info``, ``build``, ``bench``, ``demo``, ``list``."""
 
 from __future__ import annotations
 
@@ -85,6 +85,19 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_list(args) -> int:
+    """The registry's names (``create_optimizer(name, params, ...)``), with what each is."""
+    from .registry import get_spec, list_distributed_optimizers, list_optimizers
+
+    for title, names in (("optimizers", list_optimizers()),
+                         ("distributed optimizers (torch.distributed; docs/distributed.md)",
+                          list_distributed_optimizers())):
+        print(f"{title}:")
+        for name in names:
+            print(f"  {name:<28} {get_spec(name).description}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fused-optim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--lr", type=float, default=None, help="the baseline's lr (default 0.05; others scale it)")
     demo.add_argument("--out", default="demo-results", help="output directory (default: demo-results)")
     demo.set_defaults(fn=cmd_demo)
+    sub.add_parser("list", help="the optimizers' registry names").set_defaults(fn=cmd_list)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -5,6 +5,12 @@ with ``use_nvlamb=True``), so a variant is an entry, never a new class. ``sgd`` 
 ``adamw`` are the torch.optim drop-ins (torch's signatures and defaults), ``fused_sgd`` /
 ``fused_adam`` / ``fused_lamb`` the apex/ColossalAI ones. The framework adapters
 read this table, so an optimizer added here needs no adapter change.
+
+The distributed optimizers (:mod:`fused_optim.distributed`) are entries of a second table
+(``list_distributed_optimizers``; ``create_optimizer`` and ``get_spec`` find both): they
+communicate over ``torch.distributed`` and wrap an inner optimizer, so they stay out of
+``list_optimizers``, the single-process kernels' list. Their constructors take the params first
+(:mod:`fused_optim.distributed.by_params`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import torch
 
 from .adam import FusedAdam
 from .colossal_adam import CPUAdam, HybridAdam
+from .distributed import CentralizedSparsifiedSGD, PowerSGD, by_params
 from .lamb import ColossalLamb, FusedLAMB
 from .lars import LARS, ColossalLars
 from .sgd import FusedSGD
@@ -32,18 +39,24 @@ class OptimizerSpec:
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
+_DISTRIBUTED: dict[str, OptimizerSpec] = {}
 
 
-def register(spec: OptimizerSpec) -> None:
-    """Add (or replace) a named optimizer; names are case-insensitive."""
-    _REGISTRY[spec.name.lower()] = spec
+def register(spec: OptimizerSpec, distributed: bool = False) -> None:
+    """Add (or replace) a named optimizer; names are case-insensitive. ``distributed``: in the
+    table of the optimizers that communicate (``list_distributed_optimizers``)."""
+    name = spec.name.lower()
+    table, other = (_DISTRIBUTED, _REGISTRY) if distributed else (_REGISTRY, _DISTRIBUTED)
+    other.pop(name, None)  # one name, one entry
+    table[name] = spec
 
 
 def get_spec(name: str) -> OptimizerSpec:
-    try:
-        return _REGISTRY[name.lower()]
-    except KeyError:
-        raise ValueError(f"Unknown optimizer name {name!r}; available: {', '.join(list_optimizers())}") from None
+    spec = _REGISTRY.get(name.lower()) or _DISTRIBUTED.get(name.lower())
+    if spec is None:
+        raise ValueError(f"Unknown optimizer name {name!r}; available: {', '.join(list_optimizers())}; "
+                         f"distributed: {', '.join(list_distributed_optimizers())}")
+    return spec
 
 
 def create_optimizer(name: str, params, **kwargs) -> torch.optim.Optimizer:
@@ -54,6 +67,10 @@ def create_optimizer(name: str, params, **kwargs) -> torch.optim.Optimizer:
 
 def list_optimizers() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def list_distributed_optimizers() -> list[str]:
+    return sorted(_DISTRIBUTED)
 
 
 # Other class names of registered classes: ColossalAI's, under which configs written for
@@ -80,3 +97,18 @@ for _spec in (
     OptimizerSpec("sparsified_sgd", SparsifiedSGD, {}, "mlbench SparsifiedSGD (error feedback, k coordinates)"),
 ):
     register(_spec)
+
+for _spec in (
+    OptimizerSpec("centralized_sgd", by_params.CentralizedSGD, {},
+                  "mlbench CentralizedSGD: grads all-reduced (flat buckets; overlap=True: during the backward), SGD"),
+    OptimizerSpec("centralized_adam", by_params.CentralizedAdam, {},
+                  "mlbench CentralizedAdam: grads all-reduced, Adam"),
+    OptimizerSpec("custom_centralized", by_params.CustomCentralizedOptimizer, {},
+                  "mlbench CustomCentralizedOptimizer: grads all-reduced, any inner optimizer (optimizer=name)"),
+    OptimizerSpec("powersgd", PowerSGD, {}, "mlbench PowerSGD: rank-r compressed grads with error feedback, SGD"),
+    OptimizerSpec("decentralized_sgd", by_params.DecentralizedSGD, {},
+                  "mlbench DecentralizedSGD: SGD, then gossip averaging with neighbours (ring by default)"),
+    OptimizerSpec("centralized_sparsified_sgd", CentralizedSparsifiedSGD, {},
+                  "mlbench CentralizedSparsifiedSGD: k coordinates per param all-gathered, error feedback"),
+):
+    register(_spec, distributed=True)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import torch.distributed as dist
 from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import StrategyRegistry
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
+from fused_optim.distributed import per_rank
+
+from .powersgd_state import PowerSGDKeeper
 from .strategy import GroupEndingDDPStrategy
 
-PER_RANK = "per_rank"  # the checkpoint key of OptimizerSyncedStrategy: one entry per rank
 RANK_KEYS = ("state_dict", "optimizer_states")  # what differs between ranks
 
 
@@ -68,23 +69,13 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
         _sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
-        own = {key: checkpoint[key] for key in RANK_KEYS if key in checkpoint}
-        gathered = [None] * self.world_size if self.is_global_zero else None
-        dist.gather_object(own, gathered, dst=0)
+        gathered = per_rank.gather(checkpoint, RANK_KEYS)
         if self.is_global_zero:
-            super().save_checkpoint({**checkpoint, PER_RANK: gathered}, filepath, storage_options)
+            super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only)
-        per_rank = checkpoint.pop(PER_RANK, None)
-        if per_rank is None:  # another strategy's checkpoint: every rank loads the same
-            return checkpoint
-        if len(per_rank) != self.world_size:
-            raise ValueError(f"{checkpoint_path}: saved by {len(per_rank)} ranks, resumed on {self.world_size}: "
-                             f"each rank's params and optimizer state are its own; resume with "
-                             f"devices × num_nodes = {len(per_rank)}")
-        checkpoint.update(per_rank[self.global_rank])
-        return checkpoint
+        return per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
+                                "devices × num_nodes")
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
@@ -98,6 +89,9 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
 POWERSGD_OPTIONS = [name for name in inspect.signature(PowerSGDState).parameters if name != "process_group"]
 
 
+HOOK_KEY = "powersgd_hook_state"  # a per-rank checkpoint entry of PowerSGDDDPStrategy
+
+
 class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
     """``DDPStrategy`` whose ``DistributedDataParallel`` averages grads through torch's
     ``powerSGD_hook`` (Vogels et al., 2019: rank-r compression with error feedback), on CPU too.
@@ -108,8 +102,11 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
             batch_tensors_with_same_shape: ``PowerSGDState``'s options (torch's defaults).
         **kwargs: ``DDPStrategy``'s, without ``ddp_comm_state`` / ``ddp_comm_hook``.
 
-    The hook's state (error memories, warm-start matrices, iteration count) is not in checkpoints:
-    a resumed run starts it afresh (exact averaging for ``start_powerSGD_iter`` steps again).
+    Checkpoints hold every rank's hook state (:class:`.powersgd_state.PowerSGDKeeper`: error
+    memories and warm-start Q per param, counters, generator), gathered into
+    ``checkpoint["per_rank"]`` (the model and optimizer are DDP's, the same on every rank); on
+    resume each rank's is put back into the hook, whatever DDP's bucket layout, so the run
+    continues exactly. A resume needs the same number of ranks.
 
     Example::
 
@@ -126,10 +123,32 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
         self.powersgd_options = {name: kwargs.pop(name) for name in POWERSGD_OPTIONS if name in kwargs}
         super().__init__(*args, **kwargs)
         self.powersgd_state: PowerSGDState | None = None
+        self.powersgd_keeper: PowerSGDKeeper | None = None
+        self._resumed_hook_state: dict | None = None  # loaded before the hook exists: put in at registration
 
     def _register_ddp_hooks(self) -> None:
         self.powersgd_state = PowerSGDState(process_group=None, **self.powersgd_options)
-        self.model.register_comm_hook(self.powersgd_state, powerSGD_hook)
+        self.powersgd_keeper = PowerSGDKeeper(self.powersgd_state, list(self.model.module.parameters()))
+        self.model.register_comm_hook(self.powersgd_state, self.powersgd_keeper.hook)
+        if self._resumed_hook_state is not None:
+            self.powersgd_keeper.load_state_dict(self._resumed_hook_state, self.root_device)
+            self._resumed_hook_state = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
+        own = {} if self.powersgd_keeper is None else {HOOK_KEY: self.powersgd_keeper.state_dict()}
+        gathered = per_rank.gather(own, (HOOK_KEY,))
+        if self.is_global_zero:
+            super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        checkpoint = per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
+                                      "devices × num_nodes")
+        saved = checkpoint.pop(HOOK_KEY, None)
+        if saved is not None and self.powersgd_keeper is not None:
+            self.powersgd_keeper.load_state_dict(saved, self.root_device)
+        elif saved is not None:
+            self._resumed_hook_state = saved
+        return checkpoint
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:

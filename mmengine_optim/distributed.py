@@ -6,10 +6,13 @@
 
 mmengine's optimizer constructor fills an optimizer's first parameter with the model's params;
 each name here takes them first: ``PowerSGD`` and ``CentralizedSparsifiedSGD`` are the classes,
-the others small factories (``world_size`` defaults to the group's; ``CustomCentralizedOptimizer``
-takes its inner optimizer as a config, ``optimizer=dict(type='mmengine_optim.adamw', lr=1e-3)``;
-``DecentralizedSGD`` takes ``neighbors='ring'``, ``dict(type='torus', rows=..., cols=...)`` or a
-list, for this process's rank). Train with ``torchrun ... -m mmengine_optim.train CONFIG --launcher pytorch``.
+the others :mod:`fused_optim.distributed.by_params`'s constructors (``world_size`` defaults to the
+group's; ``CustomCentralizedOptimizer`` takes its inner optimizer as a config,
+``optimizer=dict(type='mmengine_optim.adamw', lr=1e-3)``; ``DecentralizedSGD`` takes
+``neighbors='ring'``, ``dict(type='torus', rows=..., cols=...)`` or a list, for this process's
+rank). ``custom_hooks=[dict(type='mmengine_optim.PerRankCheckpointHook')]`` keeps every rank's
+params and optimizer state in the checkpoints (exact resume). Train with
+``torchrun ... -m mmengine_optim.train CONFIG --launcher pytorch``.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ import torch
 import torch.distributed as dist
 
 from fused_optim import distributed as fd
-from fused_optim.distributed.comm import params_of
+from fused_optim.distributed import by_params
 
-from .registry import MODEL_WRAPPERS, OPTIMIZERS, register
+from mmengine.hooks import CheckpointHook, Hook
+
+from fused_optim.distributed import per_rank
+
+from .registry import HOOKS, MODEL_WRAPPERS, OPTIMIZERS, register
 
 
 class OptimizerSyncedModel(torch.nn.Module):
@@ -46,34 +53,58 @@ class OptimizerSyncedModel(torch.nn.Module):
         return self.module.test_step(data)
 
 
-def CentralizedSGD(params, world_size=None, **kwargs):  # noqa: N802 (the class's config name)
-    return fd.CentralizedSGD(world_size, params, **kwargs)
+class PerRankCheckpointHook(Hook):
+    """Per-rank checkpoints for the distributed optimizers: the ranks' params can differ
+    (``DecentralizedSGD``) and so can their optimizer state (``PowerSGD``'s error memories), but
+    mmengine saves rank 0's only, and only rank 0 runs the save and its hooks. So after each
+    iteration (epoch) at which the ``CheckpointHook`` will save (its interval and last save; not
+    its best-metric saves), just before it, every rank's model ``state_dict`` and ``optimizer``
+    state are gathered to rank 0, which puts them into ``checkpoint["per_rank"]`` (the top-level
+    entries stay rank 0's). After a load (``resume``, ``load_from``) each rank takes its own,
+    before mmengine loads them. A resume needs the same number of ranks."""
 
+    priority = "LOW"  # before the CheckpointHook (VERY_LOW) in the same after_train_iter / _epoch
 
-def CentralizedAdam(params, world_size=None, **kwargs):  # noqa: N802
-    return fd.CentralizedAdam(world_size, params, **kwargs)
+    def __init__(self):
+        self._gathered = None
+
+    def _gather_if_saving(self, runner, due) -> None:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return
+        saver = next((h for h in runner.hooks if isinstance(h, CheckpointHook)), None)
+        if saver is None or not due(saver):
+            return
+        model = runner.model.module if hasattr(runner.model, "module") else runner.model
+        own = {"state_dict": model.state_dict(), "optimizer": runner.optim_wrapper.state_dict()}
+        self._gathered = per_rank.gather(own, tuple(own))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
+        self._gather_if_saving(runner, lambda h: not h.by_epoch and (
+            h.every_n_train_iters(runner, h.interval, h.save_begin) or (h.save_last and h.is_last_train_iter(runner))))
+
+    def after_train_epoch(self, runner) -> None:
+        self._gather_if_saving(runner, lambda h: h.by_epoch and (
+            h.every_n_epochs(runner, h.interval, h.save_begin) or (h.save_last and h.is_last_train_epoch(runner))))
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if self._gathered is not None:
+            checkpoint[per_rank.PER_RANK], self._gathered = self._gathered, None
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        per_rank.restore(checkpoint, "the checkpoint", "torchrun's nproc_per_node × nnodes")
 
 
 def CustomCentralizedOptimizer(params, optimizer: dict, world_size=None, **kwargs):  # noqa: N802
-    params = params_of(params)
-    inner = OPTIMIZERS.build({**optimizer, "params": params})
-    return fd.CustomCentralizedOptimizer(params, world_size, inner, **kwargs)
-
-
-def DecentralizedSGD(params, neighbors="ring", **kwargs):  # noqa: N802
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if neighbors == "ring":
-        neighbors = fd.ring(rank, world)
-    elif isinstance(neighbors, dict) and neighbors.get("type") == "torus":
-        neighbors = fd.torus(rank, neighbors["rows"], neighbors["cols"])
-    return fd.DecentralizedSGD(rank, neighbors, params, **kwargs)
+    """fused_optim's params-first ``CustomCentralizedOptimizer``, its inner ``optimizer`` a config
+    that mmengine's registry builds (any optimizer type it knows)."""
+    return by_params.CustomCentralizedOptimizer(params, lambda ps: OPTIMIZERS.build({**optimizer, "params": ps}),
+                                                world_size, **kwargs)
 
 
 def register_distributed() -> None:
     """Register the names above in our scope (and bare where free); idempotent."""
-    for factory in (CentralizedSGD, CentralizedAdam, CustomCentralizedOptimizer, DecentralizedSGD):
-        factory.__doc__ = getattr(fd, factory.__name__).__doc__
+    for factory in (by_params.CentralizedSGD, by_params.CentralizedAdam, CustomCentralizedOptimizer,
+                    by_params.DecentralizedSGD, fd.PowerSGD, fd.CentralizedSparsifiedSGD):
         register(OPTIMIZERS, factory)
-    register(OPTIMIZERS, fd.PowerSGD)
-    register(OPTIMIZERS, fd.CentralizedSparsifiedSGD)
     register(MODEL_WRAPPERS, OptimizerSyncedModel)
+    register(HOOKS, PerRankCheckpointHook)

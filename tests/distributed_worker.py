@@ -51,10 +51,12 @@ def build(case: dict, model: torch.nn.Module, rank: int):
     return getattr(d, cls)(world, model, **options)
 
 
-def replay(case: dict, rank: int, in_closure: bool = False) -> list[list[torch.Tensor]]:
+def replay(case: dict, rank: int, in_closure: bool = False, backward: int = 0) -> list[list[torch.Tensor]]:
     """Our optimizer on the case's grads, the reference's draws injected (PowerSGD's Q, the
     sparsified coordinates); the params after each step. ``in_closure``: the grads are set by the
-    closure passed to step (which must run before any communication)."""
+    closure passed to step (which must run before any communication). ``backward`` > 0: they
+    come from that many backwards of Σ (p·g / backward) (exactly g: 1 and 2 are powers of 2), so
+    grad hooks fire."""
     data = case["ranks"][rank]
     model = model_of(data["init"])
     opt = build(case, model, rank)
@@ -66,7 +68,10 @@ def replay(case: dict, rank: int, in_closure: bool = False) -> list[list[torch.T
         if "indices" in data:
             opt._draw = lambda params, group, t=t: [torch.tensor(i, dtype=torch.long) for i in data["indices"][t]]
         def closure(grads=grads):
-            for p, g in zip(model.parameters(), grads):
+            opt.zero_grad()
+            for _ in range(backward):
+                sum((p * (g / backward)).sum() for p, g in zip(model.parameters(), grads)).backward()
+            for p, g in zip(model.parameters(), grads if not backward else ()):
                 p.grad = g.clone()
             return 0.0
 
@@ -119,15 +124,17 @@ def channels_last_run(memory_format, rank: int) -> list[torch.Tensor]:
     return [p.detach().contiguous() for p in conv.parameters()]
 
 
-def collectives(make) -> dict[str, int]:
+def collectives(make, backward: bool = False) -> dict[str, int] | dict[str, dict[str, int]]:
     """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
-    on a model of 4 tensors."""
+    on a model of 4 tensors. ``backward``: the grads come from a backward, and the calls during
+    it and during the step are counted apart ({"backward": .., "step": ..})."""
     import torch.distributed as dist
 
     model = model_of([torch.ones(4, 6), torch.ones(4), torch.ones(3, 2, 2), torch.ones(3)])
     opt = make(model)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
+    if not backward:
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
     counts: dict[str, int] = {}
     originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "isend", "irecv")}
 
@@ -140,11 +147,36 @@ def collectives(make) -> dict[str, int]:
     try:
         for name in originals:
             setattr(dist, name, counting(name))
+        if backward:
+            sum(p.sum() for p in model.parameters()).backward()
+            during, counts = counts, {}
         opt.step()
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
-    return counts
+    return {"backward": during, "step": counts} if backward else counts
+
+
+def overlap_runs(by_id: dict, rank: int) -> dict[str, list]:
+    """CentralizedSGD / CustomCentralizedOptimizer (clip, divide_before) with and without
+    overlap=True, grads from backwards (see replay), 2 buckets: {"case/mode": trajectory}, modes
+    sync, overlap (backward before step), overlap_closure (backward in step's closure),
+    overlap_accumulate and sync_accumulate (two backwards per step)."""
+    runs = {}
+    for case_id in ("centralized_sgd", "custom_clip", "centralized_sgd_4"):
+        if case_id not in by_id:
+            continue
+        case = by_id[case_id]
+        for mode, overlap, kw in (("sync", False, {}), ("overlap", True, {}), ("overlap_closure", True,
+                                                                               dict(in_closure=True)),
+                                  ("sync_accumulate", False, dict(backward=2)),
+                                  ("overlap_accumulate", True, dict(backward=2))):
+            # float64, reversed: [p3, p2, p1] (24 + 96 + 32 ≤ 210 bytes), [p0]: 2 buckets
+            options = dict(case["options"], overlap=overlap, bucket_cap_mb=210 / 2**20)
+            if case_id == "custom_clip":
+                options["divide_before"] = True
+            runs[f"{case_id}/{mode}"] = replay(dict(case, options=options), rank, **{"backward": 1, **kw})
+    return runs
 
 
 def expect_error(errors: dict, name: str, fn) -> None:
@@ -207,12 +239,21 @@ def main(rank: int, world: int, out_dir: str) -> None:
             "powersgd": lambda m: d.PowerSGD(m, lr=0.1),
             "decentralized": lambda m: d.DecentralizedSGD(rank, [1 - rank], m, lr=0.1),
         }.items()}
+        # 2 buckets of collectives()'s float32 tensors in reverse order: [p3, p2, p1], [p0] (12 + 48 + 16 ≤ 100 bytes)
+        small = dict(bucket_cap_mb=100 / 2**20)
+        checks["overlap_collectives"] = {name: collectives(make, backward=True) for name, make in {
+            "overlap": lambda m: d.CentralizedSGD(2, m, lr=0.1, overlap=True, **small),
+            "sync": lambda m: d.CentralizedSGD(2, m, lr=0.1, **small),
+            "dropped": lambda m: (d.CentralizedSGD(2, m, lr=0.1, overlap=True, **small),
+                                  d.CentralizedSGD(2, m, lr=0.1, **small))[1],
+        }.items()}
         checks["channels_last"] = [channels_last_run(fmt, rank) for fmt in (torch.contiguous_format,
                                                                              torch.channels_last)]
         shapes = [(4, 6), (4,)] if rank == 0 else [(4, 6), (4,), (2,)]
         expect_error(errors, "unequal_params",
                      lambda: d.CentralizedSGD(2, model_of([torch.zeros(s) for s in shapes]), lr=0.1))
         expect_error(errors, "world_size_mismatch", lambda: d.CentralizedSGD(3, model_of([torch.zeros(2)]), lr=0.1))
+    checks["overlap"] = overlap_runs(by_id, rank)
     if world == 4:
         model = model_of([torch.zeros(3)])
         one_way = {0: [1], 1: [], 2: [3], 3: [2]}[rank]  # rank 0 lists 1, rank 1 does not list 0

@@ -6,7 +6,8 @@ items it trained on).
 Phase ``train``: Lightning runs with strategies "centralized" (CentralizedSGD), "decentralized"
 (DecentralizedSGD) and "powersgd_ddp", then the same updates written by hand with
 torch.distributed (``hand-*``; in the group the strategies left, which lives until exit), then runs
-saving a checkpoint halfway (``straight-*``). Phase ``resume``: fresh processes resume that checkpoint (``resumed-*``)."""
+saving a checkpoint halfway (``straight-*``: RESUMED). Phase ``resume``: fresh processes resume that
+checkpoint (``resumed-*``). The powersgd_ddp runs also save the hook's state (``hook``)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ WORLD = 2
 ITEMS = 8  # micro-batches per epoch: DistributedSampler (no shuffle) gives rank r items r, r + 2, ...
 POWERSGD = dict(matrix_approximation_rank=1, start_powerSGD_iter=2, min_compression_rate=0.5)
 EPOCHS = 4  # the checkpointed runs: 4 epochs × 4 steps, saved after epoch 2 (an epoch boundary)
+# the checkpointed runs: (run name, Module kind, strategy maker)
+RESUMED = (("decentralized", "decentralized", lambda: "decentralized"), ("powersgd", "powersgd", lambda: "centralized"),
+           ("powersgd_ddp", "ddp", lambda: lightning_optim.PowerSGDDDPStrategy(**POWERSGD)))
 
 
 def item(i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,9 +89,9 @@ class Module(pl.LightningModule):
         return make_optimizer(self.kind, self.net, self.global_rank)
 
 
-def dump(out: Path, run: str, rank: int, model, optimizer, seen) -> None:
+def dump(out: Path, run: str, rank: int, model, optimizer, seen, hook=None) -> None:
     torch.save(dict(params=[p.detach().clone() for p in model.parameters()], optimizer=optimizer.state_dict(),
-                    seen=list(seen)), out / f"{run}-rank{rank}.pt")
+                    seen=list(seen), hook=hook), out / f"{run}-rank{rank}.pt")
 
 
 def fit(out: Path, run: str, kind: str, strategy: str, steps_or_ckpt, **trainer_kwargs) -> None:
@@ -97,11 +101,13 @@ def fit(out: Path, run: str, kind: str, strategy: str, steps_or_ckpt, **trainer_
                                    num_sanity_val_steps=0, enable_checkpointing=False,
                                    use_distributed_sampler=not module.own_sampler), **trainer_kwargs})
     trainer.fit(module, ckpt_path=steps_or_ckpt if isinstance(steps_or_ckpt, str) else None)
-    if strategy == "powersgd_ddp":
-        assert trainer.model._get_ddp_logging_data().get("comm_hook") == "powerSGD_hook"
+    hook = None
+    if isinstance(trainer.strategy, lightning_optim.PowerSGDDDPStrategy):  # (fit unwrapped the DDP module)
+        hook = trainer.strategy.powersgd_keeper.state_dict()
+        assert hook["iter"] == trainer.global_step  # the hook ran at every step (and resumed its count)
     else:
         assert trainer.model is module  # no DDP wrapper
-    dump(out, run, trainer.global_rank, module.net, trainer.optimizers[0], module.seen)
+    dump(out, run, trainer.global_rank, module.net, trainer.optimizers[0], module.seen, hook)
 
 
 def hand_loop(out: Path, kind: str, rank: int) -> None:
@@ -134,14 +140,14 @@ def main(out: Path, phase: str) -> None:
         fit(out, "powersgd_ddp", "ddp", lightning_optim.PowerSGDDDPStrategy(**POWERSGD), None, max_epochs=1)
         for kind in ("centralized", "decentralized", "powersgd_ddp", "ddp"):  # in the strategies' process group
             hand_loop(out, kind, torch.distributed.get_rank())
-        for kind, strategy in (("decentralized", "decentralized"), ("powersgd", "centralized")):
-            save = ModelCheckpoint(dirpath=ckpt_dir / kind, filename="{epoch}", every_n_epochs=EPOCHS // 2,
+        for run, kind, strategy in RESUMED:
+            save = ModelCheckpoint(dirpath=ckpt_dir / run, filename="{epoch}", every_n_epochs=EPOCHS // 2,
                                    save_top_k=-1)
-            fit(out, f"straight-{kind}", kind, strategy, None, max_epochs=EPOCHS, callbacks=[save],
+            fit(out, f"straight-{run}", kind, strategy(), None, max_epochs=EPOCHS, callbacks=[save],
                 enable_checkpointing=True)
     else:
-        for kind, strategy in (("decentralized", "decentralized"), ("powersgd", "centralized")):
-            fit(out, f"resumed-{kind}", kind, strategy, str(ckpt_dir / kind / f"epoch={EPOCHS // 2 - 1}.ckpt"),
+        for run, kind, strategy in RESUMED:
+            fit(out, f"resumed-{run}", kind, strategy(), str(ckpt_dir / run / f"epoch={EPOCHS // 2 - 1}.ckpt"),
                 max_epochs=EPOCHS, callbacks=[])
 
 

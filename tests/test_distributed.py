@@ -140,6 +140,32 @@ def test_a_step_costs_a_few_collectives(ranks2):
     assert counts["decentralized"] == {"isend": 1, "irecv": 1}
 
 
+@pytest.mark.parametrize("case_id", ["centralized_sgd", "custom_clip", "centralized_sgd_4"])
+def test_overlap_is_the_synchronous_path_bit_for_bit(case_id, request):
+    """overlap=True (buckets all-reduced during the backward) gives the synchronous path's params
+    bit for bit: the same buckets hold the same grads, so the sums are the same; with the backward
+    before step or inside step's closure, and with two backwards per step (accumulation: a grad
+    accumulated after its bucket was launched makes every rank redo the synchronous path). The
+    synchronous path itself follows mlbench (custom_clip runs with divide_before=True, exact for
+    2 ranks: dividing by 2 rounds nothing)."""
+    case = next(c for c in GOLDEN["cases"] if c["id"] == case_id)
+    for rank, result in enumerate(request.getfixturevalue("ranks4" if case_id.endswith("_4") else "ranks2")):
+        runs = result["checks"]["overlap"]
+        assert_trajectory(runs[f"{case_id}/sync"], case["ranks"][rank]["expected"], f"rank {rank}")
+        for mode in ("overlap", "overlap_closure", "overlap_accumulate", "sync_accumulate"):
+            assert all(torch.equal(a, b) for sa, sb in zip(runs[f"{case_id}/sync"], runs[f"{case_id}/{mode}"])
+                       for a, b in zip(sa, sb)), f"rank {rank}, {mode}"
+
+
+def test_overlap_launches_the_buckets_during_the_backward(ranks2):
+    """2 buckets: both all-reduces start in the backward, step adds the 1-element staleness
+    check; a dropped overlapping optimizer's hooks launch nothing."""
+    counts = ranks2[0]["checks"]["overlap_collectives"]
+    assert counts["overlap"] == {"backward": {"all_reduce": 2}, "step": {"all_reduce": 1}}
+    assert counts["sync"] == {"backward": {}, "step": {"all_reduce": 2}}
+    assert counts["dropped"] == counts["sync"]
+
+
 @pytest.mark.parametrize("name, pattern", [
     ("unequal_params", r"CentralizedSGD: the parameter lists differ across ranks \(rank 0: 2 tensors of 28 elements, "
                        r"rank 1: 3 tensors of 30 elements"),
@@ -216,6 +242,10 @@ def test_single_process_is_the_inner_optimizer():
     (lambda m: d.DecentralizedSGD(0, None, m, lr=0.1), r'"neighbors" not set'),
     (lambda m: d.DecentralizedSGD(0, [1], m, lr=0.1), r"name a rank outside the group \[0, 1\)"),
     (lambda m: d.CentralizedSGD(2, m, lr=0.1), r"world_size=2 but no process group"),
+    (lambda m: d.CentralizedSGD(None, m, lr=0.1, agg_grad=False, overlap=True), r"overlap=True .* needs agg_grad=True"),
+    (lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.SGD(m.parameters(), lr=0.1), average_world=False,
+                                            average_custom=True, divide_before=True, overlap=True),
+     r"overlap=True with divide_before=True divides before step\(denom=...\) is known"),
 ])
 def test_bad_arguments(make, pattern):
     with pytest.raises((ValueError, RuntimeError), match=pattern):

@@ -82,8 +82,8 @@ def test_lightning_run_equals_hand_written_loop_on_each_rank(runs, strategy):
 
 def test_powersgd_ddp_compresses(runs):
     """The hook changed the update: after start_powerSGD_iter the rank-1 approximation of the
-    averaged grads differs from plain DDP's exact average (the worker also checked that Lightning's
-    DistributedDataParallel reports powerSGD_hook)."""
+    averaged grads differs from plain DDP's exact average (the worker also checked that the hook's
+    state counted every step)."""
     powersgd, exact = runs("powersgd_ddp", 0)["params"], runs("hand-ddp", 0)["params"]
     assert not torch.equal(powersgd[0], exact[0])
 
@@ -91,7 +91,8 @@ def test_powersgd_ddp_compresses(runs):
 def test_resume_from_a_per_rank_checkpoint_continues_exactly(runs):
     """Saved after 2 of 4 epochs by ModelCheckpoint, resumed in fresh processes: each rank's params
     and optimizer state (DecentralizedSGD's momenta; PowerSGD's error memories, warm-start Q and
-    generator, which differ per rank) equal the uninterrupted run's."""
+    generator, which differ per rank) equal the uninterrupted run's; under powersgd_ddp the DDP
+    hook's state too (its error memories, P, Q, iteration and generator, per rank)."""
     for kind in ("decentralized", "powersgd"):
         for r in (0, 1):
             straight, resumed = runs(f"straight-{kind}", r), runs(f"resumed-{kind}", r)
@@ -102,6 +103,22 @@ def test_resume_from_a_per_rank_checkpoint_continues_exactly(runs):
         other = runs(f"straight-{kind}", 1)["optimizer"]
         with pytest.raises(AssertionError):
             assert_same_tree(runs(f"straight-{kind}", 0)["optimizer"], other, "rank 0 vs rank 1")
+
+
+def test_powersgd_ddp_resumes_its_hook_state_exactly(runs):
+    """powersgd_ddp (rank 1, compressing from step 3) saved after 8 of 16 steps and resumed: each
+    rank's params, optimizer state and hook state equal the uninterrupted run's bit for bit; the
+    hook's error memories differ between the ranks (so the per-rank entries mattered). The model's
+    backward makes a Linear's weight grad before its bias grad: DDP's bucket layout after its
+    rebuild is not the one of a new process's first step (the memories are rebuilt per param)."""
+    for r in (0, 1):
+        straight, resumed = runs("straight-powersgd_ddp", r), runs("resumed-powersgd_ddp", r)
+        assert_same_rank(resumed, straight, f"rank {r}")
+        assert_same_tree(resumed["optimizer"], straight["optimizer"], f"rank {r}: optimizer state")
+        assert_same_tree(resumed["hook"], straight["hook"], f"rank {r}: hook state")
+        assert straight["hook"]["iter"] == 16 and len(straight["hook"]["error"]) == 4
+    errors = [runs("straight-powersgd_ddp", r)["hook"]["error"] for r in (0, 1)]
+    assert not all(torch.equal(errors[0][k], errors[1][k]) for k in errors[0])
 
 
 def test_strategies_are_registered_by_name_with_their_launchers():

@@ -135,3 +135,36 @@ def test_bench_writes_json_and_markdown(tmp_path):
     assert adascale["tensors"] == 200 and adascale["bare_ms"] > 0
     assert adascale["fused_optim.AdaScale"]["ms"] > 0 and "fairscale AdaScale" in adascale  # installed by make
     assert f"| 200 tensors / 1.0M | {adascale['bare_ms']:.2f} |" in md
+
+
+def test_distributed_names_create_the_distributed_optimizers(capsys):
+    """The distributed table: each name builds its class over the params given first (world size
+    1: no process group), keyword arguments reach it, and `fused-optim list` shows both tables;
+    the single-process list stays the kernels' (the distributed classes wrap one of them)."""
+    from fused_optim import distributed as fd
+    from fused_optim.cli import main
+    from fused_optim.registry import list_distributed_optimizers
+
+    def params():
+        return [torch.nn.Parameter(torch.zeros(2, 3))]
+
+    built = {name: create_optimizer(name, params(), lr=0.1) for name in list_distributed_optimizers()
+             if name != "custom_centralized"}
+    built["custom_centralized"] = create_optimizer("custom_centralized", params(), grad_clip=2.0,
+                                                   optimizer=dict(type="adamw", lr=0.1))
+    assert {name: type(opt).__name__ for name, opt in built.items()} == {
+        "centralized_sgd": "CentralizedSGD", "centralized_adam": "CentralizedAdam",
+        "custom_centralized": "CustomCentralizedOptimizer", "powersgd": "PowerSGD",
+        "decentralized_sgd": "DecentralizedSGD", "centralized_sparsified_sgd": "CentralizedSparsifiedSGD"}
+    custom = built["custom_centralized"]
+    assert type(custom.optimizer) is fused_optim.AdamW and custom.grad_clip == 2
+    assert create_optimizer("powersgd", params(), lr=0.1, rank=3).rank == 3
+    assert isinstance(create_optimizer("centralized_sgd", params(), lr=0.1, momentum=0.5).optimizer, fused_optim.SGD)
+    assert not set(list_distributed_optimizers()) & set(list_optimizers())
+    assert all(isinstance(opt, torch.optim.Optimizer) and isinstance(opt, getattr(fd, type(opt).__name__))
+               for opt in built.values())
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in list_optimizers() + list_distributed_optimizers())
+    with pytest.raises(ValueError, match=r"Unknown optimizer name 'powersg'; available: .*; distributed: .*powersgd"):
+        create_optimizer("powersg", params())

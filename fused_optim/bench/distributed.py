@@ -4,13 +4,21 @@ params) or the 1M list of :mod:`.optimizers`::
 
     python -m fused_optim.bench.distributed --world 2 4 --list 25M --rounds 5
 
-Variants, each on its own copy of the model, interleaved round by round: DDP (its all-reduce of
-the grads, 25 MB buckets) + fused SGD; CentralizedSGD (flat buckets, and by layer); PowerSGD rank
+Variants, interleaved round by round: DDP (its all-reduce of the grads, 25 MB buckets) + fused
+SGD; CentralizedSGD (flat buckets: synchronous, and ``overlap=True``; by layer); PowerSGD rank
 1, 2, 4; DecentralizedSGD on a ring. A step is forward + backward + optimizer step; the model's
 loss is Σ_p Σ(p·x) (its backward writes x into every grad), the same compute for every variant, so
 differences are communication. Bytes are the payload of each collective (all_reduce: the tensor;
 all_gather / isend: this rank's part), counted by wrapping torch.distributed's functions (DDP
-with torch's Python all-reduce comm hook, so they see its buckets); what gloo puts on the wire is a multiple of it that depends on its algorithm.
+with torch's Python all-reduce comm hook, so they see its buckets); what gloo puts on the wire is a
+multiple of it that depends on its algorithm.
+
+mlbench-core's own implementations of the same (:mod:`.mlbench_peer`: CentralizedSGD flat and by
+layer, PowerSGD, DecentralizedSGD over torch.optim.SGD) join the rounds when mlbench-core is found:
+in this interpreter, or under ``--mlbench SITE_PACKAGES`` (another venv's site-packages: its
+modules are loaded by path into this interpreter, whose torch runs them). Their rows carry
+"mlbench ÷ ours", the ratio of the medians (> 1: ours is faster). Without it the table says the
+peer is absent.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from ..process_group import end_process_group, init_process_group
 from ..torch_optim import SGD
-from . import optimizers
+from . import mlbench_peer, optimizers
 
 SGD_KW = dict(lr=1e-3, momentum=0.9)
 
@@ -55,41 +63,52 @@ class _Counter:
 
     def _counted(self, original, part, *args, **kwargs):
         if self.active:
-            t = args[part]
+            t = args[part] if len(args) > part else kwargs["tensor"]  # mlbench passes tensor=...
             self.bytes += t.numel() * t.element_size()
         return original(*args, **kwargs)
 
 
 
-def _variants(shapes, rank: int, world: int, counter: _Counter) -> dict:
+def _variants(shapes, rank: int, world: int, mlbench: str | None) -> dict:
+    """name -> a maker of (model, optimizer). Variants that hook the backward (DDP) get a model of
+    their own; the others share one (each optimizer keeps its own state; a step's cost does not
+    depend on the values): a model per variant would not fit 4 ranks of the 25M list in memory."""
     from ..distributed import CentralizedSGD, DecentralizedSGD, PowerSGD, ring
+
+    shared = _Model(shapes)
 
     def ddp():
         model = torch.nn.parallel.DistributedDataParallel(_Model(shapes))
         model.register_comm_hook(None, allreduce_hook)  # its dist.all_reduce is counted
         return model, SGD(model.parameters(), **SGD_KW)
 
-    def ours(make):
+    def overlapped():
         model = _Model(shapes)
-        return model, make(model)
+        return model, CentralizedSGD(world, model, overlap=True, **SGD_KW)
 
-    return {
-        "DDP all-reduce + SGD": ddp,
-        "CentralizedSGD (flat)": lambda: ours(lambda m: CentralizedSGD(world, m, **SGD_KW)),
-        "CentralizedSGD (by layer)": lambda: ours(lambda m: CentralizedSGD(world, m, by_layer=True, **SGD_KW)),
-        **{f"PowerSGD rank {r}": functools.partial(ours, functools.partial(
-            lambda m, r: PowerSGD(model=m, rank=r, world_size=world, **SGD_KW), r=r)) for r in (1, 2, 4)},
-        "DecentralizedSGD (ring)": lambda: ours(lambda m: DecentralizedSGD(rank, ring(rank, world), m, **SGD_KW)),
+    ours = {
+        "CentralizedSGD (flat)": lambda m: CentralizedSGD(world, m, **SGD_KW),
+        "CentralizedSGD (by layer)": lambda m: CentralizedSGD(world, m, by_layer=True, **SGD_KW),
+        **{f"PowerSGD rank {r}": functools.partial(lambda m, r: PowerSGD(model=m, rank=r, world_size=world, **SGD_KW),
+                                                   r=r) for r in (1, 2, 4)},
+        "DecentralizedSGD (ring)": lambda m: DecentralizedSGD(rank, ring(rank, world), m, **SGD_KW),
     }
+    peers = {} if mlbench is None else mlbench_peer.variants(mlbench, rank, world, ring(rank, world), SGD_KW)
+    on_shared = {**ours, **{PEER + name: make for name, make in peers.items()}}
+    return {"DDP all-reduce + SGD": ddp, "CentralizedSGD (flat, overlap)": overlapped,
+            **{name: functools.partial(lambda make: (shared, make(shared)), make) for name, make in on_shared.items()}}
 
 
-def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: str) -> None:
+PEER = "mlbench: "  # the prefix of mlbench's rows
+
+
+def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: str, mlbench: str | None) -> None:
     torch.set_num_threads(1)
     init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         counter = _Counter()
         shapes = optimizers.PARAM_LISTS[list_id][1]()
-        built = {name: make() for name, make in _variants(shapes, rank, world, counter).items()}
+        built = {name: make() for name, make in _variants(shapes, rank, world, mlbench).items()}
         x = torch.tensor(1.0 + rank)
         times = {name: [] for name in built}
         sent = {}
@@ -113,10 +132,12 @@ def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: s
         end_process_group()
 
 
-def run(world: int, list_id: str, rounds: int) -> dict:
+def run(world: int, list_id: str, rounds: int, mlbench: str | None = None) -> dict:
+    """{variant: {"ms": median step, "bytes": per rank per step}}; ``mlbench``: the
+    ``mlbench_core`` directory, whose optimizers then run too (rows named PEER + our row's name)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
-        mp.spawn(_worker, (world, os.path.join(tmp, "store"), list_id, rounds, out), nprocs=world)
+        mp.spawn(_worker, (world, os.path.join(tmp, "store"), list_id, rounds, out, mlbench), nprocs=world)
         return torch.load(out, weights_only=True)
 
 
@@ -125,15 +146,23 @@ def main() -> None:
     parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--list", default="25M", choices=list(optimizers.PARAM_LISTS))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mlbench", metavar="SITE_PACKAGES", default=None,
+                        help="a site-packages directory holding mlbench-core 3.0.0 (default: this interpreter's)")
     args = parser.parse_args()
     from .. import _build
+    root, why = mlbench_peer.find(args.mlbench)
     print(f"fused_optim.bench.distributed on {_build.cpu_description()}, list {args.list}, 1 thread per rank")
-    print("| ranks | variant | ms/step | bytes sent per rank per step | × DDP's bytes |\n|---|---|---:|---:|---:|")
+    print(f"peer: mlbench-core at {root}" if root else f"peer absent, no mlbench rows: {why}")
+    print("| ranks | variant | ms/step | bytes sent per rank per step | × DDP's bytes | mlbench ÷ ours |\n"
+          "|---|---|---:|---:|---:|---:|")
     for world in args.world:
-        result = run(world, args.list, args.rounds)
+        result = run(world, args.list, args.rounds, None if root is None else str(root))
         ddp = result["DDP all-reduce + SGD"]["bytes"]
         for name, r in result.items():
-            print(f"| {world} | {name} | {r['ms']:.1f} | {r['bytes']:,} | {r['bytes'] / ddp:.4f} |", flush=True)
+            ours = result.get(name.removeprefix(PEER)) if name.startswith(PEER) else None
+            ratio = f"{r['ms'] / ours['ms']:.2f}" if ours else ""
+            print(f"| {world} | {name} | {r['ms']:.1f} | {r['bytes']:,} | {r['bytes'] / ddp:.4f} | {ratio} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from ..torch_optim import SGD, Adam
 from . import comm
+from .overlap import OverlappedGradSum
 from .wrapper import CommunicatingOptimizer
 
 
@@ -24,8 +25,13 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
         agg_grad=False:  inner step, then p ← (Σ_ranks p) / D ; the params are also averaged
                          once at construction, so every rank starts from the same model
 
-    The grads travel in flat buckets (:mod:`.comm`): one all-reduce per ``bucket_cap_mb`` MiB,
-    or one per tensor with ``by_layer=True``. A param whose grad is None contributes zeros (every
+    The grads travel in flat buckets (:mod:`.comm`; the params in reverse order, as DDP's): one
+    all-reduce per ``bucket_cap_mb`` MiB, or one per tensor with ``by_layer=True``. With
+    ``overlap=True`` (agg_grad only) each bucket's all-reduce is launched during the backward, as
+    soon as its grads are ready, and ``step`` waits for it (:class:`.overlap.OverlappedGradSum`:
+    the same buckets, so the same sums bit for bit, plus a 1-element all-reduce per step; its
+    limits: gradient accumulation reduces twice, grads edited between backward and step are not
+    seen). A param whose grad is None contributes zeros (every
     rank must send the same layout) and receives the average. With ``world_size`` 1 nothing is
     communicated or divided (mlbench master's behaviour).
 
@@ -41,7 +47,7 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
     def __init__(self, world_size: int | None = None, model=None, use_cuda: bool = False, by_layer: bool = False,
                  divide_before: bool = False, agg_grad: bool = True, *, optimizer: torch.optim.Optimizer,
                  grad_clip: float = float("inf"), average_world: bool = True, average_custom: bool = False,
-                 bucket_cap_mb: float = comm.DEFAULT_BUCKET_CAP_MB):
+                 bucket_cap_mb: float = comm.DEFAULT_BUCKET_CAP_MB, overlap: bool = False):
         super().__init__(optimizer)
         who = type(self).__name__
         self.world_size = comm.world_size_of(world_size, who)
@@ -60,10 +66,20 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
         self.bucket_cap_mb = bucket_cap_mb
         self._communicates_before = agg_grad
         self._denom: float | Tensor | None = None
+        if overlap and not agg_grad:
+            raise ValueError(f"{who}: overlap=True overlaps the grads' all-reduce with the backward: it needs "
+                             "agg_grad=True (params are averaged after the step, nothing to overlap)")
+        if overlap and divide_before and self.average_custom:
+            raise ValueError(f"{who}: overlap=True with divide_before=True divides before step(denom=...) is "
+                             "known: use average_world=True, divide_before=False, or overlap=False")
+        self._overlap: OverlappedGradSum | None = None
         if self.world_size > 1:
             comm.check_same_params(who, self.params)
             if not agg_grad:
                 self._average([p.detach() for p in self.params], None)
+            elif overlap:
+                self._overlap = OverlappedGradSum(self.params, by_layer=by_layer, cap_mb=bucket_cap_mb,
+                                                  divide_before=divide_before, launch_divisor=self.world_size)
 
     def step(self, closure: Callable[[], Any] | None = None, tracker=None, denom: float | Tensor | None = None):
         """One step; ``denom`` is the divisor with ``average_custom`` (mlbench's ``denom``)."""
@@ -73,7 +89,8 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
         return super().step(closure, tracker)
 
     def _average(self, tensors: list[Tensor], denom) -> None:
-        comm.all_reduce_mean_(tensors, self.world_size if denom is None else denom,
+        """Σ_ranks / D in place, bucketed from the last tensor (DDP's order: the backward's)."""
+        comm.all_reduce_mean_(tensors[::-1], self.world_size if denom is None else denom,
                               divide_before=self.divide_before, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
 
     @torch.no_grad()
@@ -84,7 +101,9 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            self._average([p.grad for p in self.params], self._denom)
+            divisor = self.world_size if self._denom is None else self._denom
+            if self._overlap is None or not self._overlap.finish_(divisor):
+                self._average([p.grad for p in self.params], self._denom)
         if self.grad_clip != float("inf"):
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip, foreach=True)
 

@@ -93,19 +93,35 @@ def unpack_(flat: Tensor, tensors: Sequence[Tensor]) -> None:
     torch._foreach_copy_(list(tensors), views(flat, [t.shape for t in tensors]))
 
 
+def start_sum(part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool, in_place: bool = False):
+    """Pack ``part`` (one bucket) and launch its all-reduce (``async_op``); ``divide_before``
+    divides this rank's share first. ``in_place``: a bucket of one contiguous tensor is reduced in
+    it, without the copies (only when nothing writes to it until :func:`finish_mean_`). Returns
+    (the flat buffer, the collective's work)."""
+    flat = part[0].view(-1) if in_place and len(part) == 1 and part[0].is_contiguous() else pack(part)
+    if divide_before:
+        flat.div_(divisor)
+    return flat, dist.all_reduce(flat, async_op=True)
+
+
+def finish_mean_(flat: Tensor, work, part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool) -> None:
+    """Wait for :func:`start_sum`'s all-reduce, divide (unless done before), unpack into ``part``
+    (unless it was reduced in place)."""
+    work.wait()
+    if not divide_before:
+        flat.div_(divisor)
+    if not (len(part) == 1 and flat.data_ptr() == part[0].data_ptr()):
+        unpack_(flat, part)
+
+
 def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divide_before: bool = False,
                      by_layer: bool = False, cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
     """``t ← (Σ_ranks t) / divisor`` in place, per bucket; ``divide_before`` divides each rank's
-    share first (mlbench's guard against fp16 overflow)."""
+    share first (mlbench's guard against fp16 overflow). A bucket of one contiguous tensor is
+    reduced in place."""
     for idx in buckets(tensors, by_layer, cap_mb):
         part = [tensors[i] for i in idx]
-        flat = pack(part)
-        if divide_before:
-            flat.div_(divisor)
-        dist.all_reduce(flat)
-        if not divide_before:
-            flat.div_(divisor)
-        unpack_(flat, part)
+        finish_mean_(*start_sum(part, divisor, divide_before, in_place=True), part, divisor, divide_before)
 
 
 def gather_rows(who: str, row: Sequence[int], device=None) -> Tensor:
