@@ -135,3 +135,85 @@ def round_bf16(x: Tensor, bits: Tensor | None = None) -> Tensor:
     rounded = torch.where(torch.isnan(x), as_int >> 16 | 0x40, rounded)  # a NaN stays a (quiet) NaN
     signed16 = torch.where(rounded >= 0x8000, rounded - 0x10000, rounded)
     return signed16.to(torch.int16).view(torch.bfloat16)
+
+
+# ---- the optimizers' options and a param's state in a format ---------------------------------
+
+OPTIONS = {"state_dtype": None, "state_rounding": "nearest", "stochastic_rounding": False}
+ROUNDING_KEY = "rounding_key"
+
+
+def normalized_state_dtype(value):
+    """``state_dtype`` as a group holds it: None, ``"bfloat16"`` or ``"8bit"`` (``torch.bfloat16``
+    and ``"bf16"`` are accepted; strings keep state dicts loadable with ``weights_only=True``)."""
+    if value is None or value in ("8bit", "bfloat16"):
+        return value
+    if value is torch.bfloat16 or value == "bf16":
+        return "bfloat16"
+    raise ValueError(f"Invalid state_dtype: {value!r} (use None, torch.bfloat16 or '8bit')")
+
+
+def check_options(group: dict, owner: str, supported: bool) -> None:
+    """Checks (and normalizes) a group's compact-state options; ``supported``: the optimizer's op
+    has compact kernels."""
+    if "state_dtype" in group:
+        group["state_dtype"] = normalized_state_dtype(group["state_dtype"])
+    rounding = group.get("state_rounding", "nearest")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"Invalid state_rounding: {rounding!r} (use 'nearest' or 'stochastic')")
+    used = [k for k, default in OPTIONS.items() if group.get(k, default) != default]
+    if used and not supported:
+        raise ValueError(f"{owner} does not support {', '.join(used)} (compact state and stochastic rounding are "
+                         "implemented for the SGD family and Adam/AdamW); leave them at their defaults")
+
+
+def group_keys(state_dtype, state_rounding, stochastic_rounding) -> dict:
+    """The options that differ from the defaults, as group keys (a group without them has none:
+    its state dict is torch's)."""
+    given = dict(state_dtype=normalized_state_dtype(state_dtype), state_rounding=state_rounding,
+                 stochastic_rounding=stochastic_rounding)
+    return {k: v for k, v in given.items() if v != OPTIONS[k]}
+
+
+def is_compact(group: dict) -> bool:
+    """Whether a group's steps go through the compact twin ops."""
+    return any(group.get(k, default) != default for k, default in OPTIONS.items())
+
+
+def target_dtype(group: dict, values_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a group's compact-able state tensors for values (param or master) of ``values_dtype``."""
+    fmt = group.get("state_dtype")
+    if fmt == "8bit":
+        return torch.uint8
+    if fmt == "bfloat16":
+        return torch.bfloat16
+    return values_dtype
+
+
+def absmax_key(key: str) -> str:
+    return f"{key}_absmax"
+
+
+def convert_state(state: dict, keys: list[tuple[str, bool]], dtype: torch.dtype) -> None:
+    """Brings the state tensors ``keys`` ((name, signed) pairs) of a param to ``dtype``: decoded
+    from what they hold (values, bf16, or 8-bit with their ``<name>_absmax``) to fp32, encoded to
+    ``dtype`` (bf16 to nearest even); 8-bit state gets or loses its absmax tensor."""
+    for key, signed in keys:
+        current = state.get(key)
+        if current is None or current.dtype == dtype:
+            continue
+        if current.dtype == torch.uint8:
+            x = decode_8bit(current, state.pop(absmax_key(key)), signed)
+        else:
+            x = current.float()
+        if dtype == torch.uint8:
+            codes, absmax = encode_8bit(x, signed)
+            state[key], state[absmax_key(key)] = codes.to(current.device), absmax.to(current.device)
+        else:
+            state[key] = x.to(dtype=dtype, device=current.device)
+
+
+def initial_key(group_index: int, param_index: int) -> Tensor:
+    """A param's first rounding key: its position (group, index) in the high bits, the step count
+    added below (distinct for 2^32 steps of up to 2^20 params per group)."""
+    return torch.tensor((group_index << 52) + (param_index << 32), dtype=torch.int64)
