@@ -157,6 +157,7 @@ class OpSpec:
         if found_inf is not None and bool(found_inf.item()):
             return
         values = state[-1] or params
+        math_dtype = torch.float64 if values[0].dtype == torch.float64 else torch.float32  # the kernels' opmath
         n = len(params)
         encoders = []  # (fp32 values, how to store them back)
         slot = 0  # the 8-bit lists' absmax slot
@@ -168,13 +169,13 @@ class OpSpec:
                 signed = spec.sample != "nonnegative"
                 for i, t in enumerate(tensors):
                     scale = absmaxes[slot * n + i]
-                    tensors[i] = sf.decode_8bit(t, scale, signed)
+                    tensors[i] = sf.decode_8bit(t, scale, signed).to(math_dtype)
                     encoders.append((tensors[i], functools.partial(_store_8bit, t, scale, signed)))
                 slot += 1
             else:
                 for i, t in enumerate(tensors):
                     bits = sf.random_bits(int(keys[i]), 1 + k, t.numel()) if stochastic_state else None
-                    tensors[i] = t.float()
+                    tensors[i] = t.to(math_dtype)
                     encoders.append((tensors[i], functools.partial(_store_bf16, t, bits)))
         run_params = params
         if stochastic_params:
