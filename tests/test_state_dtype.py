@@ -378,3 +378,15 @@ def test_a_failed_step_leaves_params_and_compact_state_unchanged():
     for p, before in zip(model.parameters(), params):
         assert torch.equal(p, before)
         assert all(torch.equal(v, state[id(p)][k]) for k, v in opt.state[p].items())
+
+
+@pytest.mark.parametrize("name", ["sgd", "fused_sgd", "adam", "adamw", "fused_adam", "lars", "sign_sgd"])
+def test_registry_entries_take_the_options(name):
+    """Every registry entry of the SGD family and Adam takes them as keywords (the adapters
+    build optimizers through the registry: mmengine configs say state_dtype='8bit')."""
+    model = _model()
+    extra = dict(lr=0.1, momentum=0.9) if "sgd" in name or name == "lars" else {}
+    opt = fused_optim.create_optimizer(name, model.parameters(), state_dtype="8bit", **extra)
+    _steps(model, opt, 1)
+    assert opt.state[next(model.parameters())][
+        "exp_avg" if "adam" in name else "momentum_buffer"].dtype == torch.uint8
