@@ -390,3 +390,16 @@ def test_registry_entries_take_the_options(name):
     _steps(model, opt, 1)
     assert opt.state[next(model.parameters())][
         "exp_avg" if "adam" in name else "momentum_buffer"].dtype == torch.uint8
+
+
+def test_the_benchmark_runs_every_variant_and_reports_state_memory():
+    """fused_optim.bench.state_dtype on the 1M list, one round (speed is not asserted: measured)."""
+    from fused_optim.bench import state_dtype as bench
+
+    result = bench.bench("1M", repeats=1, min_sample_s=0.0)
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(bench.VARIANTS) <= set(rows)
+    assert rows["fp32 state"]["speedup_vs_fp32_state"] == 1.0
+    assert [rows[v]["state_bytes_per_param"] for v in ("fp32 state", "bf16 state")] == [8.0, 4.0]
+    assert 2.0 < rows["8-bit state"]["state_bytes_per_param"] < 2.1  # + one fp32 absmax per 256 codes, m and v
+    assert "| 8-bit state |" in "\n".join(bench.markdown([result]))
