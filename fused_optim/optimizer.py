@@ -36,6 +36,14 @@ kernel pass reads the grad, updates master and state and writes the param. fp32/
 such a group step as usual. State dicts carry the masters, loaded back in fp32 (torch would cast
 them to the param's dtype).
 
+``state_dtype`` (``torch.bfloat16`` or ``"8bit"``), ``state_rounding`` (``"nearest"`` or
+``"stochastic"``) and ``stochastic_rounding`` (keywords of the optimizers whose op has compact
+kernels, ``OpSpec.compact``; group keys when set) keep the moments in fewer bytes and round bf16
+state / params stochastically (formats: :mod:`.state_formats`). A group with any of them steps
+through its op's compact twin (CPU kernels; the reference elsewhere); a param's moments are made
+in, or converted to, the group's format, and state dicts keep the codes, absmaxes and rounding
+keys as saved.
+
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
 """

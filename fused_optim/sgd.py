@@ -96,4 +96,5 @@ class FusedSGD(MomentumOptimizer):
                         materialize_master_grads=materialize_master_grads)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none,
                          master_weights=_master_weights_flag(master_weights, materialize_master_grads),
-                         state_dtype=state_dtype, state_rounding=state_rounding, stochastic_rounding=stochastic_rounding)
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)

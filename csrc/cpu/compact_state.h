@@ -79,56 +79,52 @@ inline void encode_bf16_stochastic(const float* in, c10::BFloat16* out, int64_t 
 // the nearest code without a search. x / absmax is in [-1, 1]; its sign, its binade (the 27 from
 // 2^-26 to 1, all smaller magnitudes in the first) and the top kLutBits bits of its mantissa pick
 // a bucket of values holding at most one midpoint (checked when the table is made: neighbouring
-// codes are >= 0.7% apart, a bucket spans <= 0.4%). lut[bucket] counts the midpoints below the
-// bucket, so the code (the number of midpoints below x) is lut[bucket] plus one if the next
-// midpoint is below x: exact, the same count the reference's search gives.
+// codes are >= 0.7% apart, a bucket spans <= 0.4%). The bucket's entry holds the number of
+// midpoints below the bucket and, if one lies in it, that midpoint's remaining kLowBits mantissa
+// bits: the code (the number of midpoints below x) is the count, plus one if x's low bits are past
+// the midpoint's. One table read per element, exact: the count the reference's search gives.
 constexpr int kLutBits = 8;
+constexpr int kLowBits = 23 - kLutBits;
+constexpr uint32_t kLowMask = (1u << kLowBits) - 1;
 constexpr int kLutBinades = 27;
 constexpr uint32_t kLutLowestExponent = 127 - kLutBinades + 1;  // 2^-26
 constexpr int kLutHalf = (kLutBinades + 1) << kLutBits;           // buckets of one sign
+constexpr uint32_t kHasMidpoint = 1u << 8;                         // entry: count | flag | low bits << 9
 
 C10_ALWAYS_INLINE uint32_t lut_bucket(float x) {
   const uint32_t bits = c10::bit_cast<uint32_t>(x);
   const uint32_t exponent = (bits >> 23) & 0xffu;
-  const uint32_t binade = exponent < kLutLowestExponent ? 0u : std::min(exponent - kLutLowestExponent + 1, uint32_t{kLutBinades});
-  const uint32_t mantissa = exponent < kLutLowestExponent ? 0u : (bits >> (23 - kLutBits)) & ((1u << kLutBits) - 1);
+  const uint32_t binade =
+      exponent < kLutLowestExponent ? 0u : std::min(exponent - kLutLowestExponent + 1, uint32_t{kLutBinades});
+  const uint32_t mantissa = exponent < kLutLowestExponent ? 0u : (bits >> kLowBits) & ((1u << kLutBits) - 1);
   return (bits >> 31) * kLutHalf + (binade << kLutBits) + mantissa;
 }
 
 struct CodeBook {
   const float* code;
-  const float* mid;  // 255 ascending midpoints, then +inf (the lookup may read one past the last)
-  const uint8_t* lut;
+  const uint32_t* entry;  // per bucket (lut_bucket)
   bool is_signed;
 };
 
-// The number of midpoints below x (a branchless binary search): what the table must agree with.
+// The number of midpoints below x (a branchless binary search over the 255): what makes the table.
 inline uint32_t count_below(const float* mid, float x) {
   uint32_t idx = 0;
   for (uint32_t step = 128; step >= 1; step >>= 1) idx += mid[idx + step - 1] < x ? step : 0u;
   return idx;
 }
 
-// The table of one code book: every bucket's lowest and highest values, and the counts below them.
+// The table of one code book, from every bucket's lowest and highest values.
 struct CodeTable {
-  float mid[256];
-  uint8_t lut[2 * kLutHalf + 4];  // + 4: a SIMD gather reads 4 bytes at each index
+  uint32_t entry[2 * kLutHalf];
 
-  explicit CodeTable(const float* midpoints) {
-    std::copy(midpoints, midpoints + 255, mid);
-    mid[255] = std::numeric_limits<float>::infinity();
-    std::fill(lut, lut + sizeof(lut), uint8_t{0});
+  explicit CodeTable(const float* mid) {
+    std::fill(entry, entry + 2 * kLutHalf, 0u);
     for (int sign = 0; sign < 2; ++sign) {
       for (uint32_t binade = 0; binade <= kLutBinades; ++binade) {
-        for (uint32_t m = 0; m < (1u << kLutBits); ++m) {
+        for (uint32_t m = 0; m < (binade == 0 ? 1u : 1u << kLutBits); ++m) {
           // the bucket's magnitudes: [lo, hi] (binade 0: every magnitude below 2^-26, and 0)
-          const uint32_t e = binade == 0 ? 0u : binade + kLutLowestExponent - 1;
-          const uint32_t first = binade == 0 ? 0u : (e << 23) | (m << (23 - kLutBits));
-          const uint32_t last = binade == 0 ? (kLutLowestExponent << 23) - 1 : first + (1u << (23 - kLutBits)) - 1;
-          if (binade == 0 && m != 0) {
-            lut[sign * kLutHalf + m] = 0;  // unused: binade 0 has one bucket
-            continue;
-          }
+          const uint32_t first = binade == 0 ? 0u : ((binade + kLutLowestExponent - 1) << 23) | (m << kLowBits);
+          const uint32_t last = binade == 0 ? (kLutLowestExponent << 23) - 1 : first + kLowMask;
           float lo = c10::bit_cast<float>(first), hi = c10::bit_cast<float>(last);
           if (sign) {
             const float negated_hi = -hi;
@@ -136,9 +132,11 @@ struct CodeTable {
             lo = negated_hi;
           }
           const uint32_t below_lo = count_below(mid, lo), below_hi = count_below(mid, hi);
-          // at most one midpoint in the bucket (the lookup adds at most one)
-          TORCH_CHECK(below_hi <= below_lo + 1, "fused_optim: the 8-bit code lookup needs finer buckets");
-          lut[sign * kLutHalf + (binade << kLutBits) + m] = static_cast<uint8_t>(below_lo);
+          TORCH_CHECK(below_hi <= below_lo + (binade == 0 ? 0u : 1u),
+                      "fused_optim: the 8-bit code lookup needs finer buckets");
+          uint32_t e = below_lo;
+          if (below_hi > below_lo) e |= kHasMidpoint | ((c10::bit_cast<uint32_t>(mid[below_lo]) & kLowMask) << 9);
+          entry[sign * kLutHalf + (binade << kLutBits) + m] = e;
         }
       }
     }
@@ -147,28 +145,33 @@ struct CodeTable {
 
 inline CodeBook code_book(bool is_signed) {
   static const CodeTable signed_table(kSignedMid), unsigned_table(kUnsignedMid);
-  return is_signed ? CodeBook{kSignedCode, signed_table.mid, signed_table.lut, true}
-                   : CodeBook{kUnsignedCode, unsigned_table.mid, unsigned_table.lut, false};
+  return is_signed ? CodeBook{kSignedCode, signed_table.entry, true}
+                   : CodeBook{kUnsignedCode, unsigned_table.entry, false};
 }
 
 inline void decode_8bit(const uint8_t* in, float scale, const CodeBook& book, float* out, int64_t n) {
   for (int64_t j = 0; j < n; ++j) out[j] = book.code[in[j]] * scale;
 }
 
-// Codes of x (already divided by the block's absmax), scalar: the table's count plus one if the
-// next midpoint is below x; an unsigned book never gives a positive x the code 0.
+// The code of x (already divided by the block's absmax), scalar: the bucket's count, plus one if
+// x is past the bucket's midpoint (larger low bits for x > 0, smaller for x < 0); an unsigned
+// book never gives a positive x the code 0.
 C10_ALWAYS_INLINE uint8_t code_of(const CodeBook& book, float x) {
-  uint32_t idx = book.lut[lut_bucket(x)];
-  idx += book.mid[idx] < x ? 1u : 0u;
+  const uint32_t bits = c10::bit_cast<uint32_t>(x);
+  const uint32_t e = book.entry[lut_bucket(x)];
+  const uint32_t low = bits & kLowMask, mid_low = e >> 9;
+  const bool past = (e & kHasMidpoint) != 0 && ((bits >> 31) != 0 ? mid_low > low : mid_low < low);
+  const uint32_t idx = (e & 0xffu) + (past ? 1u : 0u);
   return static_cast<uint8_t>(!book.is_signed && x > 0.0f ? std::max(idx, 1u) : idx);
 }
 
-// The same on SIMD lanes (two gathers per lane); returns how many elements it coded.
+// The same on SIMD lanes (one gather per lane); returns how many elements it coded.
 inline int64_t codes_simd(const CodeBook& book, const float* in, float divisor, uint8_t* out, int64_t n) {
   int64_t j = 0;
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512 d = _mm512_set1_ps(divisor);
   const __m512i lowest = _mm512_set1_epi32(kLutLowestExponent), one = _mm512_set1_epi32(1);
+  const __m512i low_mask = _mm512_set1_epi32(kLowMask);
   for (; j + 16 <= n; j += 16) {
     const __m512 x = _mm512_div_ps(_mm512_loadu_ps(in + j), d);
     const __m512i bits = _mm512_castps_si512(x);
@@ -176,13 +179,19 @@ inline int64_t codes_simd(const CodeBook& book, const float* in, float divisor, 
     const __mmask16 tiny = _mm512_cmplt_epu32_mask(e, lowest);
     const __m512i binade = _mm512_min_epu32(_mm512_sub_epi32(e, _mm512_sub_epi32(lowest, one)),
                                             _mm512_set1_epi32(kLutBinades));
-    const __m512i mantissa = _mm512_and_si512(_mm512_srli_epi32(bits, 23 - kLutBits), _mm512_set1_epi32((1 << kLutBits) - 1));
+    const __m512i mantissa =
+        _mm512_and_si512(_mm512_srli_epi32(bits, kLowBits), _mm512_set1_epi32((1 << kLutBits) - 1));
     __m512i key = _mm512_maskz_mov_epi32(static_cast<__mmask16>(~tiny),
                                          _mm512_add_epi32(_mm512_slli_epi32(binade, kLutBits), mantissa));
     key = _mm512_add_epi32(key, _mm512_and_si512(_mm512_srai_epi32(bits, 31), _mm512_set1_epi32(kLutHalf)));
-    __m512i idx = _mm512_and_si512(_mm512_i32gather_epi32(key, book.lut, 1), _mm512_set1_epi32(0xff));
-    const __mmask16 below = _mm512_cmp_ps_mask(_mm512_i32gather_ps(idx, book.mid, 4), x, _CMP_LT_OQ);
-    idx = _mm512_mask_add_epi32(idx, below, idx, one);
+    const __m512i entry = _mm512_i32gather_epi32(key, book.entry, 4);
+    const __m512i low = _mm512_and_si512(bits, low_mask), mid_low = _mm512_srli_epi32(entry, 9);
+    const __mmask16 negative = _mm512_movepi32_mask(bits);
+    const __mmask16 past = _mm512_test_epi32_mask(entry, _mm512_set1_epi32(kHasMidpoint)) &
+                           ((_mm512_cmplt_epu32_mask(mid_low, low) & static_cast<__mmask16>(~negative)) |
+                            (_mm512_cmpgt_epu32_mask(mid_low, low) & negative));
+    __m512i idx = _mm512_and_si512(entry, _mm512_set1_epi32(0xff));
+    idx = _mm512_mask_add_epi32(idx, past, idx, one);
     if (!book.is_signed) {
       idx = _mm512_mask_max_epu32(idx, _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), idx, one);
     }
@@ -190,7 +199,8 @@ inline int64_t codes_simd(const CodeBook& book, const float* in, float divisor, 
   }
 #elif defined(CPU_CAPABILITY_AVX2)
   const __m256 d = _mm256_set1_ps(divisor);
-  const __m256i one = _mm256_set1_epi32(1);
+  const __m256i one = _mm256_set1_epi32(1), low_mask = _mm256_set1_epi32(kLowMask);
+  const __m256i has_midpoint = _mm256_set1_epi32(kHasMidpoint);
   alignas(32) int32_t lanes[8];
   for (; j + 8 <= n; j += 8) {
     const __m256 x = _mm256_div_ps(_mm256_loadu_ps(in + j), d);
@@ -199,13 +209,17 @@ inline int64_t codes_simd(const CodeBook& book, const float* in, float divisor, 
     const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(kLutLowestExponent), e);
     const __m256i binade = _mm256_min_epu32(_mm256_sub_epi32(e, _mm256_set1_epi32(kLutLowestExponent - 1)),
                                             _mm256_set1_epi32(kLutBinades));
-    const __m256i mantissa = _mm256_and_si256(_mm256_srli_epi32(bits, 23 - kLutBits), _mm256_set1_epi32((1 << kLutBits) - 1));
+    const __m256i mantissa =
+        _mm256_and_si256(_mm256_srli_epi32(bits, kLowBits), _mm256_set1_epi32((1 << kLutBits) - 1));
     __m256i key = _mm256_andnot_si256(tiny, _mm256_add_epi32(_mm256_slli_epi32(binade, kLutBits), mantissa));
     key = _mm256_add_epi32(key, _mm256_and_si256(_mm256_srai_epi32(bits, 31), _mm256_set1_epi32(kLutHalf)));
-    __m256i idx = _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(book.lut), key, 1),
-                                   _mm256_set1_epi32(0xff));
-    const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(book.mid, idx, 4), x, _CMP_LT_OQ);
-    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(below));  // a true compare is -1
+    const __m256i entry = _mm256_i32gather_epi32(reinterpret_cast<const int*>(book.entry), key, 4);
+    const __m256i low = _mm256_and_si256(bits, low_mask), mid_low = _mm256_srli_epi32(entry, 9);
+    const __m256i has = _mm256_cmpeq_epi32(_mm256_and_si256(entry, has_midpoint), has_midpoint);
+    const __m256i past = _mm256_and_si256(  // (values < 2^15: signed compares are exact)
+        has, _mm256_blendv_epi8(_mm256_cmpgt_epi32(low, mid_low), _mm256_cmpgt_epi32(mid_low, low),
+                                _mm256_srai_epi32(bits, 31)));
+    __m256i idx = _mm256_sub_epi32(_mm256_and_si256(entry, _mm256_set1_epi32(0xff)), past);  // true is -1
     if (!book.is_signed) {
       const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GT_OQ));
       idx = _mm256_max_epu32(idx, _mm256_and_si256(positive, one));
@@ -446,7 +460,8 @@ void dispatch_format(const CompactArgs& c, const F& f) {
       case StateFormat::kPlain: break;
     }
   } else {
-    TORCH_CHECK(c.format == StateFormat::kPlain, "fused_optim: compact state needs float32, float16 or bfloat16 params");
+    TORCH_CHECK(c.format == StateFormat::kPlain,
+                "fused_optim: compact state needs float32, float16 or bfloat16 params");
   }
   return f(std::integral_constant<StateFormat, StateFormat::kPlain>{});
 }

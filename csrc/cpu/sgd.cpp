@@ -122,9 +122,9 @@ void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors
 namespace {
 
 // SGD and SignSGD: the same numbers for every tensor (absmaxes / keys empty: the plain op).
-void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
-              at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step,
-              double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in,
+              at::TensorList bufs, at::TensorList masters, at::TensorList absmaxes, at::TensorList keys,
+              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
               bool wd_after_momentum, bool stochastic_state, bool stochastic_params,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {

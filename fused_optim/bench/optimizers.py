@@ -215,6 +215,19 @@ def _time(fn: Callable[[], None], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, min_sample_s: float) -> dict[str, float]:
+    """Median seconds per call of each stepper: one warm-up call each (state allocation), then
+    ``repeats`` rounds that time every stepper in turn, each sample long enough (min_sample_s)."""
+    for f in steppers.values():
+        f()
+    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
+    samples: dict[str, list[float]] = {k: [] for k in steppers}
+    for _ in range(repeats):
+        for k, f in steppers.items():
+            samples[k].append(_time(f, inner[k]))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sample_s: float = 0.02) -> list[Row]:
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()

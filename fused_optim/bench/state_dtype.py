@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
-
 import torch
 
 from ..torch_optim import AdamW
@@ -62,7 +60,7 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 
 def bench(list_id: str, repeats: int, min_sample_s: float = 0.05) -> dict:
-    from .optimizers import PARAM_LISTS, _time  # (it imports this module)
+    from .optimizers import PARAM_LISTS, interleaved_medians  # (it imports this module)
 
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
@@ -78,14 +76,7 @@ def bench(list_id: str, repeats: int, min_sample_s: float = 0.05) -> dict:
             optimizers.pop(name, None)
     steppers = {name: opt.step for name, opt in optimizers.items()}
     steppers["probe"] = lambda: a.add_(b)
-    for f in steppers.values():
-        f()  # state allocation
-    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
-    samples: dict[str, list[float]] = {k: [] for k in steppers}
-    for _ in range(repeats):
-        for k, f in steppers.items():
-            samples[k].append(_time(f, inner[k]))
-    med = {k: statistics.median(v) for k, v in samples.items()}
+    med = interleaved_medians(steppers, repeats, min_sample_s)
     base = med["fp32 state"]
     rows = []
     for name, opt in optimizers.items():
