@@ -403,3 +403,20 @@ def test_the_benchmark_runs_every_variant_and_reports_state_memory():
     assert [rows[v]["state_bytes_per_param"] for v in ("fp32 state", "bf16 state")] == [8.0, 4.0]
     assert 2.0 < rows["8-bit state"]["state_bytes_per_param"] < 2.1  # + one fp32 absmax per 256 codes, m and v
     assert "| 8-bit state |" in "\n".join(bench.markdown([result]))
+
+
+@pytest.mark.parametrize("op,fmt", [("adam_", "8bit"), ("sgd_", "bf16")])
+def test_opcheck_of_the_compact_twins(op, fmt):
+    """Schema (every mutated list declared mutable), fake implementation, dispatcher checks."""
+    fused_optim._build.load("cpu")
+    params, grads, lists, steps, absmaxes, keys = _op_inputs(op, fmt, torch.float32, amsgrad=False)
+    spec = SPECS[op]
+    if op == "adam_":
+        args = (params, grads, *lists, *steps, [], absmaxes, keys)
+        scalars = dict(spec.sample_scalars, amsgrad=False)
+    else:
+        args = (params, grads, *lists, [], absmaxes, keys, [False] * len(params))
+        scalars = dict(spec.sample_scalars)
+    torch.library.opcheck(getattr(torch.ops.fused_optim, spec.compact_name).default, args,
+                          dict(scalars, stochastic_state=fmt == "bf16"),
+                          test_utils=("test_schema", "test_faketensor"))

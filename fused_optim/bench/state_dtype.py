@@ -54,8 +54,16 @@ def peers() -> dict:
     return found
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes of a tensor, or of the inner tensors of a wrapper subclass (torchao's OptimState8bit)."""
+    if hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(_nbytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
+
+
 def state_bytes(opt: torch.optim.Optimizer) -> int:
-    return sum(t.numel() * t.element_size() for st in opt.state.values() for k, t in st.items()
+    return sum(_nbytes(t) for st in opt.state.values() for k, t in st.items()
                if isinstance(t, torch.Tensor) and k != "step")
 
 
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lists", nargs="+", default=list(LISTS), choices=LISTS)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    cpu = f"CPU: {_build.cpu_description()}, {torch.get_num_threads()} threads."
+    cpu = f"CPU: {_build.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, medians."
     results = [bench(list_id, args.repeats) for list_id in args.lists]
     print("\n".join(markdown(results, cpu)))
 
