@@ -618,7 +618,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         moments = [lists[k] for k, _ in self._spec.compact_lists() if lists[k]]
         half_values = state_like(params[0], states[0]).dtype == torch.bfloat16
         flags = dict(stochastic_state=group.get("state_rounding") == "stochastic" and bool(moments)
-                     and moments[0][0].dtype == torch.bfloat16 and not half_values,
+                     and moments[0][0].dtype == torch.bfloat16,
                      stochastic_params=bool(group.get("stochastic_rounding")) and half_values
                      and "master_param" not in states[0])
         stochastic = flags["stochastic_state"] or flags["stochastic_params"]

@@ -163,7 +163,8 @@ class OpSpec:
         slot = 0  # the 8-bit lists' absmax slot
         for k, spec in self.compact_lists():
             tensors = state[k]
-            if not tensors or tensors[0].dtype == values[0].dtype:
+            stochastic_bf16 = stochastic_state and bool(tensors) and tensors[0].dtype == torch.bfloat16
+            if not tensors or (tensors[0].dtype == values[0].dtype and not stochastic_bf16):
                 continue
             if tensors[0].dtype == torch.uint8:
                 signed = spec.sample != "nonnegative"

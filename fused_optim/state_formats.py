@@ -41,7 +41,6 @@ import torch
 from torch import Tensor
 
 BLOCK = 256
-FORMATS = ("8bit",)  # the string values of state_dtype; the other is torch.bfloat16
 
 
 def _code_book(signed: bool) -> list[float]:
@@ -161,6 +160,9 @@ def check_options(group: dict, owner: str, supported: bool) -> None:
     rounding = group.get("state_rounding", "nearest")
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"Invalid state_rounding: {rounding!r} (use 'nearest' or 'stochastic')")
+    if rounding == "stochastic" and group.get("state_dtype") == "8bit":
+        raise ValueError("Invalid state_rounding: 'stochastic' rounds bf16 state; 8-bit state takes the nearest "
+                         "code (use state_dtype=torch.bfloat16, or state_rounding='nearest')")
     used = [k for k, default in OPTIONS.items() if group.get(k, default) != default]
     if used and not supported:
         raise ValueError(f"{owner} does not support {', '.join(used)} (compact state and stochastic rounding are "

@@ -173,6 +173,7 @@ CASES = [  # (op, state format, param dtype, stochastic_state, stochastic_params
     ("adam_", "8bit", torch.float32, False, False, False),
     ("adam_", "8bit", torch.float32, False, False, True),
     ("adam_", "8bit", torch.bfloat16, False, True, False),
+    ("adam_", "bf16", torch.bfloat16, True, True, False),  # pure bf16: state and params rounded stochastically
     ("sgd_", "bf16", torch.float32, True, False, False),
     ("sgd_", "8bit", torch.float32, False, False, False),
     ("sgd_", "8bit", torch.bfloat16, False, True, False),
@@ -341,6 +342,7 @@ def _decoded(state, key):
     (dict(state_dtype=torch.float16), "Invalid state_dtype"),
     (dict(state_dtype="4bit"), "Invalid state_dtype"),
     (dict(state_rounding="up"), "Invalid state_rounding"),
+    (dict(state_dtype="8bit", state_rounding="stochastic"), "Invalid state_rounding: 'stochastic' rounds bf16"),
     (dict(stochastic_rounding="yes"), "stochastic_rounding"),
 ])
 def test_bad_options_raise_naming_the_option(kwargs, match):
@@ -367,7 +369,7 @@ def test_float64_params_take_the_reference_or_raise_with_fused_true():
 
 def test_a_failed_step_leaves_params_and_compact_state_unchanged():
     model = _model()
-    opt = fused_optim.AdamW(model.parameters(), state_dtype="8bit", state_rounding="stochastic")
+    opt = fused_optim.AdamW(model.parameters(), state_dtype=torch.bfloat16, state_rounding="stochastic")
     _steps(model, opt, 1)
     params = [p.detach().clone() for p in model.parameters()]
     state = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()}

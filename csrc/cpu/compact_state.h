@@ -412,8 +412,10 @@ inline CompactArgs compact_args(const char* op, const UpdatedParams& params, at:
   CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params};
   const auto values = params.values();
   if (!first.empty()) c.format = format_of(first[0].scalar_type(), values[0].scalar_type());
+  // bf16 state of bf16 params rounded stochastically: decoded and encoded like bf16 state of fp32
+  if (stochastic_state && !first.empty() && first[0].scalar_type() == at::kBFloat16) c.format = StateFormat::kBf16;
   TORCH_CHECK(!stochastic_state || c.format == StateFormat::kBf16, "fused_optim::", op,
-              ": stochastic_state rounds bf16 state of fp32 values; this call's state is not");
+              ": stochastic_state rounds bf16 state; this call's state is not bf16");
   if (stochastic_params) {
     TORCH_CHECK(params.masters.empty() && values[0].scalar_type() == at::kBFloat16, "fused_optim::", op,
                 ": stochastic_params rounds bf16 params without master weights");
