@@ -382,7 +382,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         def saved_as_is(st: dict, key: str, value) -> bool:
             return isinstance(value, Tensor) and key != "step" and (keep(st) or value.dtype == torch.bfloat16)
 
-        kept = {pid: {k: v for k, v in st.items() if saved_as_is(st, k, v)} for pid, st in state_dict["state"].items()}
+        kept = {pid: {k: v for k, v in st.items() if saved_as_is(st, k, v)}
+                for pid, st in state_dict["state"].items()}
         # The state format is the loading optimizer's choice, not the checkpoint's: keep the groups'.
         formats = [{k: g[k] for k in state_formats.OPTIONS if k in g} for g in self.param_groups]
         super().load_state_dict(state_dict)
