@@ -74,6 +74,11 @@ for _name, _variants in UPDATE_OPS.items():
     _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
+# The compact twins (bf16 / 8-bit state, stochastic rounding): CPU kernels only, no bucket twin.
+COMPACT_OPS = {spec.compact_name: spec.compact_schema() for spec in SPECS.values() if spec.compact}
+for _name, _schema in COMPACT_OPS.items():
+    _lib.define(_name + _schema)
+    torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
 _lib.define("bucket_new(Tensor[] tensors, int[] lengths) -> int")
 _lib.define("l2norm" + L2NORM_SCHEMA)
 

@@ -88,12 +88,15 @@ class FusedAdam(FusedOptimizer):
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
                  adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
-                 master_weights: bool = False, fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         decoupled_weight_decay=decoupled_flag(decoupled_weight_decay, adam_w_mode),
                         bias_correction=bias_correction,
                         maximize=maximize)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])

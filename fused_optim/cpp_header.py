@@ -47,9 +47,9 @@ def _cpp_type(schema_type: str) -> str:
         raise ValueError(f"schema type {schema_type!r} has no C++ kernel type; add it to _CPP_TYPES") from None
 
 
-def parameters(spec: OpSpec) -> list[str]:
-    """The kernel function's parameters (``type name``), in the list op's schema order."""
-    arguments, _, _ = spec.schemas()[""].rpartition(" -> ")
+def parameters(spec: OpSpec, schema: str | None = None) -> list[str]:
+    """The kernel function's parameters (``type name``), in the list op's (or ``schema``'s) order."""
+    arguments, _, _ = (schema or spec.schemas()[""]).rpartition(" -> ")
     inside = arguments[1:-1]
     params = []
     for arg in inside.split(", "):
@@ -60,9 +60,9 @@ def parameters(spec: OpSpec) -> list[str]:
     return params
 
 
-def _declaration(spec: OpSpec, suffix: str) -> str:
-    head = f"void {spec.name}{suffix}("
-    params = parameters(spec)
+def _declaration(spec: OpSpec, suffix: str, compact: bool = False) -> str:
+    head = f"void {spec.compact_name if compact else spec.name}{suffix}("
+    params = parameters(spec, spec.compact_schema() if compact else None)
     lines, line = [], head
     for i, param in enumerate(params):
         piece = param + (", " if i + 1 < len(params) else ");")
@@ -76,7 +76,10 @@ def _declaration(spec: OpSpec, suffix: str) -> str:
 
 def render(specs: dict[str, OpSpec] = SPECS) -> str:
     names = " \\\n".join(f"  X({name[:-1]})" for name in specs)
-    declarations = "\n".join(_declaration(spec, "cpu") for spec in specs.values())
+    compact = [spec for spec in specs.values() if spec.compact]
+    compact_names = " \\\n".join(f"  X({spec.name[:-1]})" for spec in compact)
+    declarations = "\n".join([*(_declaration(spec, "cpu") for spec in specs.values()),
+                              *(_declaration(spec, "cpu", compact=True) for spec in compact)])
     return f"""\
 // Generated from the op specs (fused_optim/specs.py) by `python -m fused_optim.cpp_header`: do not
 // edit. The CPU kernel of every update op (csrc/cpu), with the schema's arguments in its order.
@@ -93,6 +96,10 @@ def render(specs: dict[str, OpSpec] = SPECS) -> str:
 #define FUSED_OPTIM_UPDATE_OPS(X) \\
 {names}
 
+// X(name) for every update op with a compact twin `name_compact_` (CPU only: register.cpp).
+#define FUSED_OPTIM_COMPACT_OPS(X) \\
+{compact_names}
+
 namespace fused_optim {{
 
 {declarations}
@@ -101,12 +108,44 @@ namespace fused_optim {{
 """
 
 
+CODES_HEADER = Path("shared") / "state_codes.h"
+
+
+def _floats(values) -> str:
+    items = [float(v).hex() + "f" for v in values]
+    return ",\n".join("    " + ", ".join(items[i:i + 4]) for i in range(0, len(items), 4))
+
+
+def render_codes() -> str:
+    """``state_codes.h``: the 8-bit code books of fused_optim/state_formats.py and their midpoints,
+    as exact hexadecimal floats, so the kernels encode as the reference does."""
+    from . import state_formats as sf
+
+    tables = []
+    for name, signed in (("Signed", True), ("Unsigned", False)):
+        tables.append(f"constexpr float k{name}Code[256] = {{\n{_floats(sf.code_book(signed).tolist())}}};")
+        tables.append(f"constexpr float k{name}Mid[255] = {{\n{_floats(sf.midpoints(signed).tolist())}}};")
+    body = "\n\n".join(tables)
+    return f"""\
+// Generated from fused_optim/state_formats.py by `python -m fused_optim.cpp_header`: do not edit.
+// The code books of 8-bit optimizer state (ascending) and the midpoints between neighbours.
+#pragma once
+
+namespace fused_optim {{
+
+{body}
+
+}}  // namespace fused_optim
+"""
+
+
 def main() -> None:
     from ._build import CSRC
 
-    path = CSRC / HEADER
-    path.write_text(render())
-    print(f"wrote {path}")
+    for header, text in ((HEADER, render()), (CODES_HEADER, render_codes())):
+        path = CSRC / header
+        path.write_text(text)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -46,11 +46,14 @@ class LARS(MomentumOptimizer):
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.001,
                  eps: float = 1e-8, *, trust_clip: bool = False, always_adapt: bool = False,
-                 set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None):
+                 set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, trust_coefficient=trust_coefficient, eps=eps,
                         trust_clip=trust_clip, always_adapt=always_adapt)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
@@ -90,9 +93,12 @@ class ColossalLars(MomentumOptimizer):
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, eeta: float = 1e-3,
                  weight_decay: float = 0.0, epsilon: float = 0.0, *, set_grad_none: bool = True,
-                 master_weights: bool = False, fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, momentum=momentum, eeta=eeta, weight_decay=weight_decay, epsilon=epsilon, lars=True)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)

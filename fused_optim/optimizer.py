@@ -36,6 +36,14 @@ kernel pass reads the grad, updates master and state and writes the param. fp32/
 such a group step as usual. State dicts carry the masters, loaded back in fp32 (torch would cast
 them to the param's dtype).
 
+``state_dtype`` (``torch.bfloat16`` or ``"8bit"``), ``state_rounding`` (``"nearest"`` or
+``"stochastic"``) and ``stochastic_rounding`` (keywords of the optimizers whose op has compact
+kernels, ``OpSpec.compact``; group keys when set) keep the moments in fewer bytes and round bf16
+state / params stochastically (formats: :mod:`.state_formats`). A group with any of them steps
+through its op's compact twin (CPU kernels; the reference elsewhere); a param's moments are made
+in, or converted to, the group's format, and state dicts keep the codes, absmaxes and rounding
+keys as saved.
+
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
 """
@@ -54,7 +62,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import _build, _ops
+from . import _build, _ops, state_formats
 from .spec import OpSpec
 from .specs import SPECS
 
@@ -157,6 +165,7 @@ class _Bucket:
     per_step: tuple  # the op's other list arguments (e.g. first-step flags)
     fused: bool
     dtype: torch.dtype
+    compact: dict | None = None  # the compact twin's flags (its lists end ``state``), or None: the plain op
     _id: int | None = None
 
     def bucket_id(self) -> int:
@@ -279,15 +288,19 @@ class FusedOptimizer(torch.optim.Optimizer):
                                 "fused_optim/specs.py")
             spec = cls._spec = SPECS[cls.op_name]
             cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
-            cls._flags = (*spec.group_flags(), *cls.extra_flags, "master_weights")
+            cls._flags = (*spec.group_flags(), *cls.extra_flags, "master_weights", "stochastic_rounding")
 
     def __init__(self, params, defaults: dict, *, fused: bool | None = None, set_grad_none: bool = True,
-                 master_weights: bool = False):
+                 master_weights: bool = False, state_dtype=None, state_rounding: str = "nearest",
+                 stochastic_rounding: bool = False):
         if fused not in (None, True, False):
             raise ValueError(f"Invalid fused value: {fused!r} (use None, True or False)")
         check_flag("master_weights", master_weights)
+        check_flag("stochastic_rounding", stochastic_rounding)
         if master_weights:  # (a group without the key has none: state dicts are as before)
             defaults = {**defaults, "master_weights": True}
+        # Compact state (fused_optim/state_formats.py): group keys only when set, as master_weights.
+        defaults = {**defaults, **state_formats.group_keys(state_dtype, state_rounding, stochastic_rounding)}
         self.fused = fused
         self.set_grad_none = bool(set_grad_none)
         self.implementation: str | None = "reference" if fused is False else None
@@ -358,11 +371,26 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's, except that the state of a param with master weights keeps its fp32 tensors
-        (torch casts every floating-point state tensor to its param's dtype: fp16 here)."""
-        kept = {pid: {k: v for k, v in st.items() if isinstance(v, Tensor) and k != "step"}
-                for pid, st in state_dict["state"].items() if "master_param" in st}
+        """torch's, except that the state of a param with master weights or compact state keeps
+        its tensors as saved (torch casts every state tensor of a floating-point param to its
+        dtype: fp16 masters, uint8 codes, int64 rounding keys); the next step converts compact
+        state saved in another format to the group's (decode, encode)."""
+        def keep(st: dict) -> bool:
+            return "master_param" in st or any(isinstance(v, Tensor) and v.dtype in (torch.uint8, torch.int64)
+                                               for v in st.values())
+
+        def saved_as_is(st: dict, key: str, value) -> bool:
+            return isinstance(value, Tensor) and key != "step" and (keep(st) or value.dtype == torch.bfloat16)
+
+        kept = {pid: {k: v for k, v in st.items() if saved_as_is(st, k, v)}
+                for pid, st in state_dict["state"].items()}
+        # The state format is the loading optimizer's choice, not the checkpoint's: keep the groups'.
+        formats = [{k: g[k] for k in state_formats.OPTIONS if k in g} for g in self.param_groups]
         super().load_state_dict(state_dict)
+        for group, own in zip(self.param_groups, formats):
+            for key in state_formats.OPTIONS:
+                group.pop(key, None)
+            group.update(own)
         saved_ids = (pid for g in state_dict["param_groups"] for pid in g["params"])
         params = (p for g in self.param_groups for p in g["params"])
         for pid, p in zip(saved_ids, params):
@@ -400,6 +428,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         for name in self._flags:
             if name in group:
                 check_flag(name, group[name])
+        state_formats.check_options(group, type(self).__name__, self._spec.compact)
         self._validate(group)
 
     def _amp_args(self) -> tuple[Tensor | None, Tensor | None]:
@@ -482,8 +511,10 @@ class FusedOptimizer(torch.optim.Optimizer):
         return plan if plan.key == self._plan_key(group) else None
 
     def _plan_key(self, group: dict) -> tuple:
-        """What a plan's lists are built for: the group's params list, master weights and layout."""
-        return id(group["params"]), bool(group.get("master_weights")), self._layout(group)
+        """What a plan's lists are built for: the group's params list, master weights, compact
+        state options and layout."""
+        compact = tuple(group.get(k, default) for k, default in state_formats.OPTIONS.items())
+        return id(group["params"]), bool(group.get("master_weights")), compact, self._layout(group)
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
         has_grad = [g is not None for g in grads]
@@ -497,7 +528,8 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._forget(group, plan)
             raise
         plan.state_version = self.state.version
-        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
+        plan.direct = (len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
+                       and plan.buckets[0].compact is None)
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan
@@ -524,6 +556,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             before = dict(state)
             self._make_master(p, state, group, gi, i)
             self._init_state(p, state, group)
+            self._compact_state(p, state, group, gi, i)
             if new and state:  # as torch.optim: a param without state tensors has no entry
                 self.state[p] = state
             if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
@@ -532,7 +565,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             kind = p.device.type
             if kind not in kernels:
                 kernels[kind] = self.fused is not False and self._kernels_available(kind)
-            reason = self._unfusable(p, state) if kernels[kind] else "kernels unavailable"
+            reason = self._unfusable(p, state, group) if kernels[kind] else "kernels unavailable"
             if reason and self.fused is not False and kernels[kind]:
                 self._fallback(f"param {i} of group {gi} {reason}")
             by_kind.setdefault((layers.of(p), p.device, p.dtype, reason is None), []).append(i)
@@ -542,7 +575,11 @@ class FusedOptimizer(torch.optim.Optimizer):
             states = [self.state.get(p, {}) for p in params]
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
             whole = len(index) == len(grads)
-            plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype))
+            compact = None
+            if state_formats.is_compact(group):
+                compact, extra = self._compact_lists(group, params, states, state)
+                state = (*state, *extra)
+            plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype, compact))
 
     @staticmethod
     def _make_master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> None:
@@ -557,6 +594,37 @@ class FusedOptimizer(torch.optim.Optimizer):
             return
         if "master_param" not in state:
             state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+
+    def _compact_keys(self) -> list[tuple[str, bool]]:
+        """(state key, signed) of the state tensors a compact format may hold (the op's moments)."""
+        return [(lst.state_key, lst.sample != "nonnegative") for _, lst in self._spec.compact_lists()]
+
+    def _compact_state(self, p: Tensor, state: dict, group: dict, gi: int, i: int) -> None:
+        """Brings a param's moments to its group's ``state_dtype`` (new zeros, or state loaded or
+        made in another format: decoded and encoded) and gives it a rounding key when the group
+        rounds stochastically (see fused_optim/state_formats.py)."""
+        values = state_like(p, state).dtype
+        state_formats.convert_state(state, self._compact_keys(), state_formats.target_dtype(group, values))
+        stochastic = group.get("state_rounding") == "stochastic" or group.get("stochastic_rounding")
+        if stochastic and state_formats.ROUNDING_KEY not in state:
+            state[state_formats.ROUNDING_KEY] = state_formats.initial_key(gi, i)
+
+    def _compact_lists(self, group: dict, params: list[Tensor], states: list[dict], lists: tuple):
+        """The compact twin's flags and its two extra lists (absmaxes of the 8-bit state lists,
+        list-major, and the rounding keys) for a bucket whose op lists are ``lists``."""
+        absmaxes = []
+        for k, lst in self._spec.compact_lists():
+            if lists[k] and lists[k][0].dtype == torch.uint8:
+                absmaxes += [st[state_formats.absmax_key(lst.state_key)] for st in states]
+        moments = [lists[k] for k, _ in self._spec.compact_lists() if lists[k]]
+        half_values = state_like(params[0], states[0]).dtype == torch.bfloat16
+        flags = dict(stochastic_state=group.get("state_rounding") == "stochastic" and bool(moments)
+                     and moments[0][0].dtype == torch.bfloat16,
+                     stochastic_params=bool(group.get("stochastic_rounding")) and half_values
+                     and "master_param" not in states[0])
+        stochastic = flags["stochastic_state"] or flags["stochastic_params"]
+        keys = [st[state_formats.ROUNDING_KEY] for st in states] if stochastic else []
+        return flags, (absmaxes, keys)
 
     def _kernels_available(self, device_type: str) -> bool:
         """Whether the kernels for ``device_type`` built (building them now if needed); True for
@@ -575,7 +643,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                               stacklevel=4)
             return False
 
-    def _unfusable(self, p: Tensor, state: dict) -> str | None:
+    def _unfusable(self, p: Tensor, state: dict, group: dict) -> str | None:
         """Why the kernel cannot update ``p`` in place, or None when it can."""
         if type(p) not in (Tensor, torch.nn.Parameter):
             return f"is a {type(p).__name__}, a tensor subclass the kernel cannot see through"
@@ -586,11 +654,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not p.is_contiguous():
             return "is not contiguous (the kernel never updates a copy)"
         dtype = state["master_param"].dtype if "master_param" in state else p.dtype  # (_master)
+        if state_formats.is_compact(group):
+            if p.device.type != "cpu":
+                return (f"is on {p.device}, where state_dtype / state_rounding / stochastic_rounding have no kernel "
+                        "yet (CPU only)")
+            if dtype == torch.float64:
+                return "is float64: compact state (state_dtype) has kernels for float32/16 and bfloat16 values only"
+        compact = {key: state_formats.target_dtype(group, dtype) for key, _ in self._compact_keys()}
         for name, t in state.items():
+            want = compact.get(name, torch.int64 if name == state_formats.ROUNDING_KEY else
+                               torch.float32 if name.endswith("_absmax") else dtype)
             if isinstance(t, Tensor) and name != "step" and not (
-                t.is_contiguous() and t.dtype == dtype and t.device == p.device
+                t.is_contiguous() and t.dtype == want and t.device == p.device
             ):
-                return f"has state '{name}' that is not a contiguous {dtype} tensor on {p.device}"
+                return f"has state '{name}' that is not a contiguous {want} tensor on {p.device}"
         return None
 
     def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
@@ -600,6 +677,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         writes anything, so the hot path does no per-grad Python check: a bucket the kernel
         refuses is unchanged and is redone here by the reference path, or the error is raised,
         naming params by their index in the group."""
+        if bucket.compact is not None:
+            return self._run_compact(bucket, grads, gi, scalars, amp)
         if bucket.fused:
             try:
                 if torch.compiler.is_compiling():  # the traceable op, with every list spelled out
@@ -615,6 +694,19 @@ class FusedOptimizer(torch.optim.Optimizer):
                 self._fallback(mismatch)
         self._check_grads(bucket, grads, gi)
         self._spec.run_reference(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+        return "reference"
+
+    def _run_compact(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
+        """``_run`` for a compact bucket: the compact twin op (list op, CPU) or its reference."""
+        self._check_grads(bucket, grads, gi)
+        args = (bucket.params, grads, *bucket.state, *bucket.per_step)
+        if bucket.fused and self._dtype_mismatch(bucket, grads, gi) is None:
+            try:
+                _ops.op(self._spec.compact_name)(*args, **amp, **scalars, **bucket.compact)
+                return "fused"
+            except RuntimeError as exc:
+                raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
+        self._spec.run_compact_reference(*args, **amp, **scalars, **bucket.compact)
         return "reference"
 
     def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:

@@ -89,9 +89,12 @@ class FusedSGD(MomentumOptimizer):
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
                  materialize_master_grads: bool = True, set_grad_none: bool = False, *,
-                 maximize: bool = False, master_weights: bool | None = None, fused: bool | None = None):
+                 maximize: bool = False, master_weights: bool | None = None, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, wd_after_momentum=wd_after_momentum, maximize=maximize,
                         materialize_master_grads=materialize_master_grads)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none,
-                         master_weights=_master_weights_flag(master_weights, materialize_master_grads))
+                         master_weights=_master_weights_flag(master_weights, materialize_master_grads),
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)

@@ -35,6 +35,9 @@ class SignSGD(MomentumOptimizer):
 
     def __init__(self, params, lr: float, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, *, set_grad_none: bool = True,
-                 master_weights: bool = False, fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, dampening=dampening, nesterov=nesterov)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)

@@ -22,10 +22,12 @@ An update op takes ``(params, grads, <state lists>, <per-step lists>, *, <scalar
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+from torch import Tensor
 
 AMP_ARGS = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
 
@@ -72,6 +74,20 @@ class Scalar:
         return f"{self.type} {self.name}" + ("" if self.default is None else f"={self.default}")
 
 
+def _store_8bit(codes: Tensor, absmax: Tensor, signed: bool, x: Tensor) -> None:
+    from .state_formats import encode_8bit
+
+    new_codes, new_absmax = encode_8bit(x, signed)
+    codes.copy_(new_codes)
+    absmax.copy_(new_absmax)
+
+
+def _store_bf16(t: Tensor, bits: Tensor | None, x: Tensor) -> None:
+    from .state_formats import round_bf16
+
+    t.copy_(round_bf16(x, bits))
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One update op (``name`` ends in ``_``): everything about it that Python code needs."""
@@ -83,6 +99,7 @@ class OpSpec:
     reference: Callable[..., None]
     sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional scalar (op tests)
     sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
+    compact: bool = False  # has a compact twin ``<name>compact_``: bf16 / 8-bit state, stochastic rounding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", (*self.state, MASTER_PARAMS))
@@ -101,6 +118,78 @@ class OpSpec:
             "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
             "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
         }
+
+    @property
+    def compact_name(self) -> str:
+        """The compact twin's name: ``adam_`` -> ``adam_compact_``."""
+        return f"{self.name}compact_"
+
+    def compact_schema(self) -> str:
+        """The compact twin's schema: the list op's, plus after the state lists ``absmaxes`` (the
+        fp32 scales of the 8-bit state lists, list-major: one per param for each 8-bit list) and
+        ``rounding_keys`` (one int64 counter per param, advanced by one per step; empty without
+        stochastic rounding), and the flags ``stochastic_state`` / ``stochastic_params``.
+        CPU only: see fused_optim/state_formats.py and csrc/cpu/compact_state.h."""
+        head, _, tail = self.schemas()[""].partition(", *, ")
+        letter = chr(ord("b") + len(self.state))
+        extra = f", Tensor({letter}!)[] absmaxes, Tensor({chr(ord(letter) + 1)}!)[] rounding_keys"
+        state, per_step = (head.split(", bool[]", 1) + [""])[:2]
+        per_step = f", bool[]{per_step}" if per_step else ""
+        flags = "bool stochastic_state=False, bool stochastic_params=False, "
+        return f"{state}{extra}{per_step}, *, {tail.replace('Tensor? lr_tensor', flags + 'Tensor? lr_tensor', 1)}"
+
+    def compact_lists(self) -> tuple[tuple[int, StateList], ...]:
+        """(position, list) of the state lists a compact format may hold: the moments, not the
+        step counters nor the masters. A list of non-negative values uses the unsigned code book."""
+        return tuple((k, s) for k, s in enumerate(self.state[:-1]) if s.sample != "counter")
+
+    def run_compact_reference(self, params: list, grads: list, *lists, stochastic_state: bool = False,
+                              stochastic_params: bool = False, **kwargs) -> None:
+        """The compact twin's reference: decode the compact state (and stochastically rounded
+        bf16 params) to fp32, run :meth:`run_reference` on it, encode back with the same code
+        books and random bits as the kernels (fused_optim/state_formats.py), advance the keys."""
+        from . import state_formats as sf
+
+        count = len(self.state)
+        state = [list(x) for x in lists[:count]]
+        absmaxes, keys, per_step = lists[count], lists[count + 1], lists[count + 2:]
+        found_inf = kwargs.get("found_inf")
+        if found_inf is not None and bool(found_inf.item()):
+            return
+        values = state[-1] or params
+        math_dtype = torch.float64 if values[0].dtype == torch.float64 else torch.float32  # the kernels' opmath
+        n = len(params)
+        encoders = []  # (fp32 values, how to store them back)
+        slot = 0  # the 8-bit lists' absmax slot
+        for k, spec in self.compact_lists():
+            tensors = state[k]
+            stochastic_bf16 = stochastic_state and bool(tensors) and tensors[0].dtype == torch.bfloat16
+            if not tensors or (tensors[0].dtype == values[0].dtype and not stochastic_bf16):
+                continue
+            if tensors[0].dtype == torch.uint8:
+                signed = spec.sample != "nonnegative"
+                for i, t in enumerate(tensors):
+                    scale = absmaxes[slot * n + i]
+                    tensors[i] = sf.decode_8bit(t, scale, signed).to(math_dtype)
+                    encoders.append((tensors[i], functools.partial(_store_8bit, t, scale, signed)))
+                slot += 1
+            else:
+                for i, t in enumerate(tensors):
+                    bits = sf.random_bits(int(keys[i]), 1 + k, t.numel()) if stochastic_state else None
+                    tensors[i] = t.to(math_dtype)
+                    encoders.append((tensors[i], functools.partial(_store_bf16, t, bits)))
+        run_params = params
+        if stochastic_params:
+            run_params = [p.float() for p in params]
+        self.run_reference(run_params, grads, *state, *per_step, **kwargs)
+        for x, store in encoders:
+            store(x)
+        if stochastic_params:
+            for i, (p, x) in enumerate(zip(params, run_params)):
+                p.copy_(sf.round_bf16(x, sf.random_bits(int(keys[i]), 0, p.numel())))
+        if stochastic_state or stochastic_params:
+            for key in keys:
+                key.add_(1)
 
     def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
         """The reference implementation, called as the op is: with master weights (the last state

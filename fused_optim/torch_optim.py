@@ -2,8 +2,8 @@
 
 Same constructor signatures and defaults as torch 2.13 (``lr=1e-3``, AdamW's
 ``weight_decay=1e-2``, ``maximize``, ``foreach``, ``capturable``, ``differentiable``, ``fused``,
-Adam's ``decoupled_weight_decay``, a Tensor ``lr``; plus the keyword-only ``master_weights``, off
-by default), the same param-group keys and state (state dicts load into torch.optim and back),
+Adam's ``decoupled_weight_decay``, a Tensor ``lr``; plus the keyword-only ``master_weights``,
+``state_dtype``, ``state_rounding`` and ``stochastic_rounding``, off by default), the same param-group keys and state (state dicts load into torch.optim and back),
 ``zero_grad()`` setting grads to None, and torch's ``ValueError`` / ``RuntimeError`` for bad
 arguments. Each class is the algorithm class of
 :mod:`.sgd` / :mod:`.adam` (``FusedSGD`` / ``FusedAdam``: same kernels, state, validation and
@@ -27,6 +27,9 @@ The implementation flags, as torch's group keys, mean here:
   them on the host and is never capturable. On the CPU the flag changes nothing.
 * ``master_weights`` (not torch's): fp32 master weights for fp16/bf16 params, see
   :class:`.optimizer.FusedOptimizer`.
+* ``state_dtype``, ``state_rounding``, ``stochastic_rounding`` (not torch's): bf16 or 8-bit
+  moments, stochastic rounding of bf16 state and params (:mod:`.state_formats`); a state dict
+  with compact state does not load into torch.optim.
 * ``differentiable``: only False. ``differentiable=True`` (an autograd graph through the update)
   is refused with a ``ValueError``; use torch.optim for it.
 """
@@ -57,12 +60,12 @@ class TorchOptimizer(FusedOptimizer):
 
     _algorithm_options: ClassVar[dict] = {}
 
-    def _init_torch(self, params, defaults: dict, master_weights: bool) -> None:
+    def _init_torch(self, params, defaults: dict, master_weights: bool, **compact) -> None:
         if defaults["fused"] and defaults["differentiable"]:  # torch's error for this pair
             raise RuntimeError("`fused` does not support `differentiable`")
         # Not the algorithm class's __init__: that one has apex's signature and keys.
         FusedOptimizer.__init__(self, params, defaults, fused=defaults["fused"], set_grad_none=True,
-                                master_weights=master_weights)
+                                master_weights=master_weights, **compact)
         if defaults["fused"] and defaults["foreach"]:  # torch checks this one after the params
             raise RuntimeError("`fused` and `foreach` cannot be `True` together (fused_optim's kernels are "
                                "multi-tensor already: pass fused=True alone)")
@@ -105,10 +108,13 @@ class SGD(TorchOptimizer, FusedSGD):
     def __init__(self, params, lr: float | Tensor = 1e-3, momentum: float = 0, dampening: float = 0,
                  weight_decay: float = 0, nesterov: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, differentiable: bool = False, fused: bool | None = None,
-                 master_weights: bool = False):
+                 master_weights: bool = False,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         self._init_torch(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize, foreach=foreach,
-                                      differentiable=differentiable, fused=fused), master_weights)
+                                      differentiable=differentiable, fused=fused), master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         if isinstance(group["weight_decay"], Tensor):
@@ -131,12 +137,15 @@ class Adam(TorchOptimizer, FusedAdam):
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0, amsgrad: bool = False, *, foreach: bool | None = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False,
-                 fused: bool | None = None, decoupled_weight_decay: bool = False, master_weights: bool = False):
+                 fused: bool | None = None, decoupled_weight_decay: bool = False, master_weights: bool = False,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         betas = tuple(b.squeeze() if isinstance(b, Tensor) else b for b in betas)  # as torch: 0-dim Tensors
         self._init_torch(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize, foreach=foreach, capturable=capturable,
                                       differentiable=differentiable, fused=fused,
-                                      decoupled_weight_decay=decoupled_weight_decay), master_weights)
+                                      decoupled_weight_decay=decoupled_weight_decay), master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         _check_tensor_hyperparameters(group)  # first: the range checks need 1-element Tensors
@@ -152,10 +161,13 @@ class AdamW(Adam):
     def __init__(self, params, lr: float | Tensor = 1e-3, betas: tuple = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
                  foreach: bool | None = None, capturable: bool = False, differentiable: bool = False,
-                 fused: bool | None = None, master_weights: bool = False):
+                 fused: bool | None = None, master_weights: bool = False,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
                          capturable=capturable, differentiable=differentiable, fused=fused,
-                         decoupled_weight_decay=True, master_weights=master_weights)
+                         decoupled_weight_decay=True, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
 
 def _check_tensor_hyperparameters(group: dict) -> None:

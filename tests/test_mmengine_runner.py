@@ -175,3 +175,21 @@ def test_a_half_model_with_master_weights_trains_and_resumes_exactly(tmp_path):
     states = end_whole["optimizer"]["state"].values()
     assert all(s["master_param"].dtype == s["exp_avg"].dtype == torch.float32 for s in states)
     torch.testing.assert_close(end_resumed["optimizer"], end_whole["optimizer"], rtol=0, atol=0)
+
+
+def test_8bit_adamw_state_trains_and_resumes_exactly(tmp_path):
+    """configs/digits_adamw_8bit_state.py: the optimizer's state_dtype from the config; the
+    checkpoint holds uint8 codes and their fp32 absmaxes; resumed at iter 6, iter 12 equals the
+    uninterrupted run bit for bit."""
+    config = ROOT / "configs" / "digits_adamw_8bit_state.py"
+    options = ["train_cfg.max_iters=12", "default_hooks.checkpoint.interval=6"]
+    whole = train(config, tmp_path / "whole", *options)
+    resumed = train(config, tmp_path / "resumed", *options, resume=tmp_path / "whole" / "iter_6.pth")
+    for a, b in zip(params(resumed), params(whole)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    end_whole, end_resumed = (torch.load(tmp_path / d / "iter_12.pth", weights_only=True) for d in ("whole", "resumed"))
+    states = end_whole["optimizer"]["state"].values()
+    assert all(s["exp_avg"].dtype == torch.uint8 and s["exp_avg_absmax"].dtype == torch.float32 for s in states)
+    assert end_whole["optimizer"]["param_groups"][0]["state_dtype"] == "8bit"
+    assert end_resumed["optimizer"]["param_groups"] == end_whole["optimizer"]["param_groups"]
+    torch.testing.assert_close(end_resumed["optimizer"]["state"], end_whole["optimizer"]["state"], rtol=0, atol=0)

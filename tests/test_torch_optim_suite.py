@@ -205,9 +205,11 @@ def test_a_tensor_weight_decay_is_refused_clearly():
 def test_signature_defaults_and_group_keys_are_torchs(name):
     ours_cls, torch_cls = OUR_INFOS[name].optim_cls, TORCH_INFOS[name].optim_cls
     spell = lambda cls: [(p.name, p.default, p.kind) for p in inspect.signature(cls).parameters.values()]  # noqa: E731
-    # torch's parameters in torch's order, then our one extension: keyword-only, off by default, so
+    # torch's parameters in torch's order, then our extensions: keyword-only, off by default, so
     # every call written for torch means the same here.
-    assert spell(ours_cls) == spell(torch_cls) + [("master_weights", False, inspect.Parameter.KEYWORD_ONLY)]
+    extensions = [("master_weights", False), ("state_dtype", None), ("state_rounding", "nearest"),
+                  ("stochastic_rounding", False)]
+    assert spell(ours_cls) == spell(torch_cls) + [(k, v, inspect.Parameter.KEYWORD_ONLY) for k, v in extensions]
     ours, theirs = ours_cls([Parameter(torch.zeros(2))]), torch_cls([Parameter(torch.zeros(2))])
     assert ours.state_dict() == theirs.state_dict()
     assert ours.defaults == theirs.defaults

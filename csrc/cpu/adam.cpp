@@ -1,7 +1,9 @@
 // fused_optim::adam_ on the CPU: torch.optim.Adam / AdamW over a whole bucket in one parallel
 // region, step counters incremented here. The math: csrc/shared/adam_math.h (per element, shared
 // with the CUDA kernel) and bias_correction.h (per tensor); fused_optim/adam.py documents the class.
+// adam_compact_ is the same update on compact state (compact_state.h).
 #include "simd_blocks.h"  // before the shared rule (adam_math.h)
+#include "compact_state.h"
 #include "master_weights.h"
 #include "multi_tensor.h"
 #include "op_args.h"
@@ -10,18 +12,26 @@
 #include "../shared/bias_correction.h"
 
 namespace fused_optim {
-void adam_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, double lr, double beta1, double beta2, double eps,
-              double weight_decay, bool amsgrad, bool decoupled, bool maximize, bool bias_correction,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
+namespace {
+
+// adam_ and its compact twin (compact_state.h): `c` empty for adam_.
+void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
+               at::TensorList keys, double lr, double beta1, double beta2, double eps, double weight_decay,
+               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, bool stochastic_state,
+               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
   const UpdatedParams params = checked_params("adam_", model, masters);
-  const auto grads = check_moment_inputs("adam_", params, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = checked_grads("adam_", params.model, grads_in);
+  const CompactArgs c =
+      compact_args("adam_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
+  int slot = check_state_list("adam_", "exp_avgs", params, exp_avgs, c, 0);
+  slot = check_state_list("adam_", "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   if (amsgrad) {
-    check_mutable("adam_", "max_exp_avg_sqs", params.values(), max_exp_avg_sqs);
+    check_state_list("adam_", "max_exp_avg_sqs", params, max_exp_avg_sqs, c, slot);
   } else {
     TORCH_CHECK(max_exp_avg_sqs.empty(), "fused_optim::adam_: max_exp_avg_sqs must be empty without amsgrad");
   }
@@ -55,28 +65,56 @@ void adam_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList exp_
                            V(0),
                            weight_decay != 0.0,
                            decoupled};
-    multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-      AdamRule<V> rule = base;
-      rule.neg_step_size = V(static_cast<M>(-adam_steps[t].step_size));
-      rule.inv_bc2_sqrt = V(static_cast<M>(adam_steps[t].inv_bc2_sqrt));
-      const auto p = param_stream<T, S>(params, t);
-      const T* g = ptr<T>(grads[t]);
-      S* m = ptr<S>(exp_avgs[t]);
-      S* v = ptr<S>(exp_avg_sqs[t]);
-      if (amsgrad) {
-        for_each_block<T>(
-            begin, end,
-            [&](auto& pv, auto& gv, auto& mv, auto& vv, auto& vmax) { rule.apply(pv, gv, mv, vv, vmax); },
-            p, g, m, v, ptr<S>(max_exp_avg_sqs[t]));
-      } else {
-        for_each_block<T>(
-            begin, end,
-            [&](auto& pv, auto& gv, auto& mv, auto& vv) { rule.apply(pv, gv, mv, vv); },
-            p, g, m, v);
-      }
+    dispatch_format<T>(c, [&](auto format) {
+      constexpr StateFormat F = decltype(format)::value;
+      multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
+        AdamRule<V> rule = base;
+        rule.neg_step_size = V(static_cast<M>(-adam_steps[t].step_size));
+        rule.inv_bc2_sqrt = V(static_cast<M>(adam_steps[t].inv_bc2_sqrt));
+        const T* g = ptr<T>(grads[t]);
+        const auto m = state_stream<F, S>(c, exp_avgs, t, 0, 0, true);
+        const auto v = state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false);
+        with_param_stream<T, S>(params, c, t, [&](auto p) {
+          if (amsgrad) {
+            for_each_chunk<T>(
+                begin, end,
+                [&](auto& pv, auto& gv, auto& mv, auto& vv, auto& vmax) { rule.apply(pv, gv, mv, vv, vmax); },
+                p, g, m, v, state_stream<F, S>(c, max_exp_avg_sqs, t, 2, 2, false));
+          } else {
+            for_each_chunk<T>(
+                begin, end, [&](auto& pv, auto& gv, auto& mv, auto& vv) { rule.apply(pv, gv, mv, vv); }, p, g,
+                m, v);
+          }
+        });
+      });
     });
   });
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
+  advance_keys(c);
+}
+
+}  // namespace
+
+void adam_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, double lr, double beta1,
+              double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+              bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, {}, {}, lr, beta1, beta2, eps,
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, false, false, lr_tensor, grad_scale,
+            found_inf);
+}
+
+void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                      at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr, double beta1,
+                      double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+                      bool bias_correction, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf) {
+  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, absmaxes, keys, lr, beta1, beta2,
+            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, stochastic_state, stochastic_params,
+            lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

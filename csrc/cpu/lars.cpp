@@ -10,23 +10,26 @@
 #include "../shared/trust_ratio.h"
 
 namespace fused_optim {
+namespace {
 
-void lars_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
-              const c10::List<bool>& first_step,
-              double lr, double momentum, double dampening, double weight_decay, bool nesterov,
-              double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
+// lars_ and its compact twin (absmaxes / keys empty for lars_).
+void lars_impl(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
+               at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
+               double momentum, double dampening, double weight_decay, bool nesterov, double trust_coefficient,
+               double eps, bool trust_clip, bool always_adapt, bool stochastic_state, bool stochastic_params,
+               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
-  const UpdatedParams params = checked_params("lars_", model, masters);
-  const auto grads = check_sgd_inputs("lars_", params, grads_in, bufs, first_step, momentum);
+  SgdCall call = sgd_call("lars_", model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys,
+                          stochastic_state, stochastic_params);
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kPlain, momentum, dampening, 0.0, nesterov, false,
-                 std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr)};
-  if (weight_decay == 0.0 && !always_adapt) return sgd_family(params, grads, bufs, first_step, args);
-  sgd_family_after_norms(params, grads, bufs, first_step, args, [&](size_t t, double pn, double stored_gn) {
+                 std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr),
+                 std::move(call.compact)};
+  if (weight_decay == 0.0 && !always_adapt) return sgd_family(call.params, call.grads, bufs, first_step, args);
+  sgd_family_after_norms(call.params, call.grads, bufs, first_step, args, [&](size_t t, double pn, double stored_gn) {
     const LarsTensor numbers = lars_tensor(pn, stored_gn * amp.inv_scale, amp.inv_scale, lr, trust_coefficient,
                                            weight_decay, eps, trust_clip);
     args.grad_mul[t] = numbers.grad_mul;
@@ -34,23 +37,66 @@ void lars_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList bufs
   });
 }
 
-void colossal_lars_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
-                       const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
-                       double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
-                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+// colossal_lars_ and its compact twin.
+void colossal_lars_impl(at::TensorList model, at::TensorList grads_in, at::TensorList bufs, at::TensorList masters,
+                        at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
+                        double momentum, double eeta, double weight_decay, double epsilon, bool lars,
+                        bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
-  const UpdatedParams params = checked_params("colossal_lars_", model, masters);
-  const auto grads = check_sgd_inputs("colossal_lars_", params, grads_in, bufs, first_step, momentum);
+  SgdCall call = sgd_call("colossal_lars_", model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys,
+                          stochastic_state, stochastic_params);
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kClamp, momentum, 0.0, kColossalLarsGradClamp, false, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
-                 std::vector<double>(n, lr)};
-  if (!lars) return sgd_family(params, grads, bufs, first_step, args);
-  sgd_family_after_norms(params, grads, bufs, first_step, args, [&](size_t t, double pn, double stored_gn) {
+                 std::vector<double>(n, lr), std::move(call.compact)};
+  if (!lars) return sgd_family(call.params, call.grads, bufs, first_step, args);
+  sgd_family_after_norms(call.params, call.grads, bufs, first_step, args, [&](size_t t, double pn, double stored_gn) {
     args.lr[t] = colossal_lars_lr(pn, stored_gn * amp.inv_scale, lr, eeta, weight_decay, epsilon);
   });
+}
+
+}  // namespace
+
+void lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
+              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
+              bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
+  lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, dampening, weight_decay, nesterov,
+            trust_coefficient, eps, trust_clip, always_adapt, false, false, lr_tensor, grad_scale, found_inf);
+}
+
+void lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
+                      at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
+                      double momentum, double dampening, double weight_decay, bool nesterov,
+                      double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
+                      bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, dampening, weight_decay, nesterov,
+            trust_coefficient, eps, trust_clip, always_adapt, stochastic_state, stochastic_params, lr_tensor,
+            grad_scale, found_inf);
+}
+
+void colossal_lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
+                       const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
+                       double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
+                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  colossal_lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, eeta, weight_decay, epsilon, lars,
+                     false, false, lr_tensor, grad_scale, found_inf);
+}
+
+void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs,
+                               at::TensorList masters, at::TensorList absmaxes, at::TensorList keys,
+                               const c10::List<bool>& first_step, double lr, double momentum, double eeta,
+                               double weight_decay, double epsilon, bool lars, bool stochastic_state,
+                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& grad_scale,
+                               const std::optional<at::Tensor>& found_inf) {
+  colossal_lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, eeta, weight_decay,
+                     epsilon, lars, stochastic_state, stochastic_params, lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

@@ -26,6 +26,9 @@ TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
 #define FUSED_OPTIM_REGISTER_CPU(name) m.impl(#name "_", &name##_cpu);
   FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CPU)
 #undef FUSED_OPTIM_REGISTER_CPU
+#define FUSED_OPTIM_REGISTER_COMPACT(name) m.impl(#name "_compact_", &name##_compact_cpu);
+  FUSED_OPTIM_COMPACT_OPS(FUSED_OPTIM_REGISTER_COMPACT)
+#undef FUSED_OPTIM_REGISTER_COMPACT
 }
 
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {

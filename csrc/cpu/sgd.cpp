@@ -18,7 +18,7 @@ namespace {
 
 // The update of elements [begin, end) of tensor t, with tensor t's numbers from args; T the
 // params' and grads' dtype, S that of the values updated and the buffers (master_weights.h).
-template <typename T, typename S, SgdDirection D>
+template <typename T, typename S, SgdDirection D, StateFormat F>
 struct SgdUpdate {
   using grad_t = T;
   using state_t = S;
@@ -41,14 +41,15 @@ struct SgdUpdate {
                              a.wd_after_momentum,
                              a.nesterov,
                              !first_step.empty() && first_step[t]};
-    const auto p = param_stream<T, S>(params, t);
     const T* g = ptr<T>(grads[t]);
-    if (a.momentum != 0.0) {
-      for_each_block<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
-                        ptr<S>(bufs[t]));
-    } else {
-      for_each_block<T>(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
-    }
+    with_param_stream<T, S>(params, a.compact, t, [&](auto p) {
+      if (a.momentum != 0.0) {
+        for_each_chunk<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
+                          state_stream<F, S>(a.compact, bufs, t, 0, 0, true));
+      } else {
+        for_each_chunk<T>(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
+      }
+    });
   }
 };
 
@@ -59,24 +60,43 @@ void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at
   dispatch_update(params, [&](auto types) {
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;
-    switch (a.direction) {
-      case SgdDirection::kPlain:
-        return f(SgdUpdate<T, S, SgdDirection::kPlain>{params, grads, bufs, first_step, a});
-      case SgdDirection::kSign:
-        return f(SgdUpdate<T, S, SgdDirection::kSign>{params, grads, bufs, first_step, a});
-      case SgdDirection::kClamp:
-        return f(SgdUpdate<T, S, SgdDirection::kClamp>{params, grads, bufs, first_step, a});
-    }
+    dispatch_format<T>(a.compact, [&](auto format) {
+      constexpr StateFormat Fmt = decltype(format)::value;
+      switch (a.direction) {
+        case SgdDirection::kPlain:
+          return f(SgdUpdate<T, S, SgdDirection::kPlain, Fmt>{params, grads, bufs, first_step, a});
+        case SgdDirection::kSign:
+          return f(SgdUpdate<T, S, SgdDirection::kSign, Fmt>{params, grads, bufs, first_step, a});
+        case SgdDirection::kClamp:
+          return f(SgdUpdate<T, S, SgdDirection::kClamp, Fmt>{params, grads, bufs, first_step, a});
+      }
+    });
   });
 }
 
 }  // namespace
+
+SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
+                 at::TensorList masters, const c10::List<bool>& first_step, double momentum, at::TensorList absmaxes,
+                 at::TensorList keys, bool stochastic_state, bool stochastic_params) {
+  SgdCall call{checked_params(op, model, masters), checked_grads(op, model, grads_in), {}};
+  call.compact = compact_args(op, call.params, bufs, absmaxes, keys, stochastic_state, stochastic_params);
+  if (momentum != 0.0) {
+    check_state_list(op, "momentum_buffers", call.params, bufs, call.compact, 0);
+    TORCH_CHECK(first_step.size() == model.size() || first_step.empty(), "fused_optim::", op,
+                ": first_step needs one flag per param (or none: no first steps)");
+  } else {
+    TORCH_CHECK(bufs.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
+  }
+  return call;
+}
 
 void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                 const c10::List<bool>& first_step, const SgdFamily& args) {
   if (params.model.empty()) return;
   with_update(params, grads, bufs, first_step, args,
               [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
+  advance_keys(args.compact);
 }
 
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
@@ -96,25 +116,28 @@ void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors
         },
         [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); });
   });
+  advance_keys(args.compact);
 }
 
 namespace {
 
-// SGD and SignSGD: the same numbers for every tensor.
-void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
-              at::TensorList masters, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+// SGD and SignSGD: the same numbers for every tensor (absmaxes / keys empty: the plain op).
+void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in,
+              at::TensorList bufs, at::TensorList masters, at::TensorList absmaxes, at::TensorList keys,
+              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+              bool wd_after_momentum, bool stochastic_state, bool stochastic_params,
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
-  const UpdatedParams params = checked_params(op, model, masters);
-  const auto grads = check_sgd_inputs(op, params, grads_in, bufs, first_step, momentum);
+  SgdCall call = sgd_call(op, model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys, stochastic_state,
+                          stochastic_params);
   const size_t n = model.size();
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
-                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr)};
-  sgd_family(params, grads, bufs, first_step, args);
+                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr), std::move(call.compact)};
+  sgd_family(call.params, call.grads, bufs, first_step, args);
 }
 
 }  // namespace
@@ -123,16 +146,39 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentu
              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening,
-           weight_decay, nesterov, maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf);
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, {}, {}, first_step, lr,
+           momentum, dampening, weight_decay, nesterov, maximize, wd_after_momentum, false, false, lr_tensor,
+           grad_scale, found_inf);
+}
+
+void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                     at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                     const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                     double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
+                     bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,
+           first_step, lr, momentum, dampening, weight_decay, nesterov, maximize, wd_after_momentum, stochastic_state,
+           stochastic_params, lr_tensor, grad_scale, found_inf);
 }
 
 void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                   bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening,
-           weight_decay, nesterov, false, false, lr_tensor, grad_scale, found_inf);
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, {}, {}, first_step, lr,
+           momentum, dampening, weight_decay, nesterov, false, false, false, false, lr_tensor, grad_scale, found_inf);
+}
+
+void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                          at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                          const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                          double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                          const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf) {
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,
+           first_step, lr, momentum, dampening, weight_decay, nesterov, false, false, stochastic_state,
+           stochastic_params, lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

@@ -8,6 +8,7 @@
 #pragma once
 
 #include "simd_blocks.h"  // before the shared rule (sgd_math.h)
+#include "compact_state.h"
 #include "../shared/checks.h"
 #include "../shared/sgd_math.h"
 
@@ -24,9 +25,22 @@ struct SgdFamily {
   double momentum = 0.0, dampening = 0.0, clamp = 0.0;
   bool nesterov = false, wd_after_momentum = false;
   std::vector<double> grad_mul, weight_decay, lr;  // one per tensor
+  CompactArgs compact;  // compact momentum buffers / stochastic rounding (the compact twins)
 };
 
-// The update, on inputs already checked by check_sgd_inputs.
+// The checked inputs of an SGD-family op or its compact twin (absmaxes and keys empty for the
+// plain op): params, contiguous grads, and the compact arguments, the buffers checked.
+struct SgdCall {
+  UpdatedParams params;
+  ContiguousTensors grads;
+  CompactArgs compact;
+};
+
+SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
+                 at::TensorList masters, const c10::List<bool>& first_step, double momentum, at::TensorList absmaxes,
+                 at::TensorList keys, bool stochastic_state, bool stochastic_params);
+
+// The update, on inputs already checked by sgd_call (it advances the rounding keys).
 void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList momentum_buffers,
                 const c10::List<bool>& first_step, const SgdFamily& args);
 

@@ -20,6 +20,14 @@
   X(lamb) \
   X(colossal_lamb)
 
+// X(name) for every update op with a compact twin `name_compact_` (CPU only: register.cpp).
+#define FUSED_OPTIM_COMPACT_OPS(X) \
+  X(sgd) \
+  X(sign_sgd) \
+  X(lars) \
+  X(colossal_lars) \
+  X(adam)
+
 namespace fused_optim {
 
 void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -62,5 +70,38 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
+void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                     at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                     const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                     double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
+                     bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                          at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                          const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                          double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                          const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                          const std::optional<at::Tensor>& found_inf);
+void lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                      const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                      double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
+                      bool always_adapt, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf);
+void colossal_lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                               at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                               const c10::List<bool>& first_step, double lr, double momentum, double eeta,
+                               double weight_decay, double epsilon, bool lars, bool stochastic_state,
+                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& grad_scale,
+                               const std::optional<at::Tensor>& found_inf);
+void adam_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
+                      double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled,
+                      bool maximize, bool bias_correction, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf);
 
 }  // namespace fused_optim

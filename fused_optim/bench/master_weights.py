@@ -10,8 +10,6 @@ the same rounds; "of probe" is our bandwidth over its. Interleaved rounds, media
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from ..adam import FusedAdam
@@ -54,7 +52,7 @@ def _torch(opt: str, shapes):
 
 
 def bench(opt: str, list_id: str, repeats: int, min_sample_s: float = 0.05) -> dict:
-    from .optimizers import PARAM_LISTS, _time  # (it imports this module)
+    from .optimizers import PARAM_LISTS, interleaved_medians  # (it imports this module)
 
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
@@ -62,14 +60,7 @@ def bench(opt: str, list_id: str, repeats: int, min_sample_s: float = 0.05) -> d
     a, b = torch.randn(numel), torch.randn(numel) * 1e-3
     steppers = {"fused_optim master_weights": _ours(opt, shapes), "torch fused on fp32 masters + copies":
                 _torch(opt, shapes), "probe": lambda: a.add_(b)}
-    for f in steppers.values():
-        f()  # state allocation
-    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
-    samples: dict[str, list[float]] = {k: [] for k in steppers}
-    for _ in range(repeats):
-        for k, f in steppers.items():
-            samples[k].append(_time(f, inner[k]))
-    med = {k: statistics.median(v) for k, v in samples.items()}
+    med = interleaved_medians(steppers, repeats, min_sample_s)
     ours, theirs = med["fused_optim master_weights"], med["torch fused on fp32 masters + copies"]
     gbs, probe_gbs = BYTES[opt] * numel / ours / 1e9, 12 * numel / med["probe"] / 1e9
     return dict(opt=opt, params=label, numel=numel, ours_ms=ours * 1e3, torch_ms=theirs * 1e3,

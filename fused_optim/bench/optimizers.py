@@ -46,7 +46,7 @@ from ..lamb import FusedLAMB
 from ..lars import LARS
 from ..norm import multi_tensor_l2norm
 from ..sgd import FusedSGD
-from . import adascale_overhead, master_weights
+from . import adascale_overhead, master_weights, state_dtype
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "norm")
 # Bytes one pass of each update reads + writes per element, in units of the element size:
@@ -215,6 +215,19 @@ def _time(fn: Callable[[], None], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
+def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, min_sample_s: float) -> dict[str, float]:
+    """Median seconds per call of each stepper: one warm-up call each (state allocation), then
+    ``repeats`` rounds that time every stepper in turn, each sample long enough (min_sample_s)."""
+    for f in steppers.values():
+        f()
+    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
+    samples: dict[str, list[float]] = {k: [] for k in steppers}
+    for _ in range(repeats):
+        for k, f in steppers.items():
+            samples[k].append(_time(f, inner[k]))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sample_s: float = 0.02) -> list[Row]:
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
@@ -381,6 +394,11 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
         print(f"{r['opt']:6} bf16 + fp32 masters {r['params']:32} fused_optim {r['ours_ms']:8.3f} ms  "
               f"×{r['speedup']:6.2f} vs torch fused on masters + copies  {r['fraction_of_probe']:.2f} of probe",
               flush=True)
+    compact = [state_dtype.bench(list_id, repeats) for list_id in lists if list_id in state_dtype.LISTS]
+    for res in compact:
+        for r in res["rows"]:
+            print(f"adamw  {r['variant']:24} {res['params']:32} {r['ms']:8.3f} ms  ×{r['speedup_vs_fp32_state']:5.2f} "
+                  f"vs fp32 state  {r['state_bytes_per_param']:.2f} B/param of state", flush=True)
     host = {opt: host_overhead_us(opt) for opt in ("sgd", "adamw")}
     build = build_timing() if (not quick if build is None else build) else None
     out.mkdir(parents=True, exist_ok=True)
@@ -388,9 +406,11 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     classes, timm = timm_optimizers()
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "host_us_per_tensor": host,
                                      "build": build, "adascale": adascale, "master_weights": masters,
+                                     "state_dtype": compact,
                                      "torch": torch.__version__,
                                      "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
                                      "threads": torch.get_num_threads(), "cpu": _build.cpu_description()},
                                     indent=2))
-    md_path.write_text(markdown(rows, host, build, timm, adascale) + "\n".join(master_weights.markdown(masters)) + "\n")
+    md_path.write_text(markdown(rows, host, build, timm, adascale) + "\n".join(master_weights.markdown(masters))
+                       + "\n".join(state_dtype.markdown(compact)) + "\n")
     return json_path, md_path

@@ -1,0 +1,221 @@
+"""Optimizer state in fewer bytes: the bf16 and blockwise 8-bit formats and stochastic rounding.
+
+The reference definitions; the CPU kernels (``csrc/cpu/compact_state.h``) implement the same
+formats with the same code books (generated from this module into ``csrc/shared/state_codes.h``)
+and the same random bits, so the two agree code for code.
+
+**bf16** (``state_dtype=torch.bfloat16``): the state tensor is bfloat16; a step decodes it to
+fp32 exactly (the 16 bits are the high half of the fp32), runs the fp32 rule and rounds back,
+to nearest even or stochastically.
+
+**8-bit** (``state_dtype="8bit"``): the elements of a state tensor, flattened, are cut into blocks
+of ``BLOCK`` = 256. A block stores one fp32 scale, the largest magnitude among its elements
+(``absmax``; a ``<name>_absmax`` tensor of ceil(numel/256) elements beside the ``uint8`` codes),
+and one byte per element: the index of the code book entry nearest to ``x / absmax`` (ties to
+the lower entry). The value is ``code[byte] * absmax``. A moment that may be negative (exp_avg,
+momentum_buffer) uses the signed code book, a second moment (exp_avg_sq, max_exp_avg_sq) the
+unsigned one, which spends the sign bit on precision. A non-zero second moment is never encoded
+as 0 (it takes the smallest non-zero entry): Adam divides by √v + eps, and a v rounded to zero
+would turn a tiny step into one of size lr·m/eps.
+
+The code books are "dynamic" (log-spaced, after Dettmers et al., 8-bit Optimizers via Block-wise
+Quantization, 2022): besides 0 and 1, decade j = 0..6 covers magnitudes 10^(j-6)·[0.1, 1] with
+n_j entries at the midpoints of n_j equal steps of [0.1, 1]: n_j = 2^j of each sign (signed book)
+or 2^(j+1) (unsigned book). Small magnitudes keep a relative precision a linear code would
+lose: the second moment spans many decades within a block.
+
+**Stochastic rounding** of fp32 to bf16: add 16 random bits to the fp32 bits below the bf16
+mantissa, then truncate. A value between two bf16 neighbours a and b = a + ulp rounds to b with
+probability (x - a)/ulp, so its expectation is x (the magnitude rounds up or down; the sign is
+untouched; NaN stays NaN). The bits are a hash of (key, stream, element index): ``key`` a per-param
+int64 counter in the optimizer state (``state["rounding_key"]``, advanced by one per step),
+``stream`` 0 for the param and 1 + k for its k-th state tensor. Results therefore do not depend on
+the thread count, the reference reproduces the kernels' bits, and a resumed run continues exactly.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+from torch import Tensor
+
+BLOCK = 256
+
+
+def _code_book(signed: bool) -> list[float]:
+    """The 256 sorted values of a dynamic code book, as fp32 numbers (see the module docstring)."""
+    values = [0.0, 1.0]
+    for j in range(7):
+        count = 2 ** j if signed else 2 ** (j + 1)
+        for k in range(count):
+            magnitude = 10.0 ** (j - 6) * (0.1 + 0.9 * (k + 0.5) / count)
+            values += [magnitude, -magnitude] if signed else [magnitude]
+    assert len(values) == 256
+    return sorted(struct.unpack("f", struct.pack("f", v))[0] for v in values)
+
+
+def code_book(signed: bool) -> Tensor:
+    """The code book (256 fp32 values, ascending)."""
+    return torch.tensor(_code_book(signed), dtype=torch.float32)
+
+
+def midpoints(signed: bool) -> Tensor:
+    """The 255 fp32 midpoints between neighbouring entries: x encodes as the number of them < x."""
+    code = code_book(signed)
+    return (code[:-1] + code[1:]) / 2
+
+
+def blocks_of(numel: int) -> int:
+    return -(-numel // BLOCK)
+
+
+def encode_8bit(x: Tensor, signed: bool) -> tuple[Tensor, Tensor]:
+    """``(codes uint8 of x's shape, absmax fp32 [blocks])`` of the fp32 values ``x``."""
+    flat = x.detach().reshape(-1).float()
+    n = flat.numel()
+    padded = torch.zeros(blocks_of(n) * BLOCK, dtype=torch.float32)
+    padded[:n] = flat
+    absmax = padded.view(-1, BLOCK).abs().amax(dim=1)
+    scale = absmax.repeat_interleave(BLOCK)[:n]
+    normalized = torch.where(scale > 0, flat / torch.where(scale > 0, scale, 1.0), 0.0)
+    index = torch.bucketize(normalized, midpoints(signed))
+    if not signed:
+        index = torch.where((index == 0) & (normalized > 0), 1, index)
+    return index.to(torch.uint8).view(x.shape), absmax
+
+
+def decode_8bit(codes: Tensor, absmax: Tensor, signed: bool) -> Tensor:
+    """The fp32 values of 8-bit state (codes of any shape, one absmax per block of 256)."""
+    n = codes.numel()
+    values = code_book(signed)[codes.reshape(-1).long()] * absmax.repeat_interleave(BLOCK)[:n]
+    return values.view(codes.shape)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def hash32(x: Tensor) -> Tensor:
+    """A bijective 32-bit mix of int64 tensors holding 32-bit values (the kernels' ``hash32``):
+    x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16 (mod 2^32)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32  # int64 products wrap; the low 32 bits are exact
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def _scalar_hash(v: int) -> int:
+    return int(hash32(torch.tensor([v & _M32], dtype=torch.int64))[0])
+
+
+def stream_seed(key: int, stream: int) -> int:
+    """The 32-bit seed of one stream of a param's step: hash(hash(key_lo ^ hash(key_hi)) ^ stream·φ)."""
+    key &= (1 << 64) - 1
+    mixed = _scalar_hash((key & _M32) ^ _scalar_hash(key >> 32))
+    return _scalar_hash(mixed ^ ((stream * 0x9E3779B9) & _M32))
+
+
+def random_bits(key: int, stream: int, numel: int) -> Tensor:
+    """16 random bits per element (int64): hash(seed ^ low 32 bits of i ^ hash(i >> 32)) & 0xffff."""
+    seed = stream_seed(key, stream)
+    i = torch.arange(numel, dtype=torch.int64)
+    high = hash32(i >> 32)
+    return hash32((i & _M32) ^ seed ^ high) & 0xFFFF
+
+
+def round_bf16(x: Tensor, bits: Tensor | None = None) -> Tensor:
+    """fp32 ``x`` as bfloat16: to nearest even, or with ``bits`` (16 per element) stochastically."""
+    x = x.float()
+    if bits is None:
+        return x.to(torch.bfloat16)
+    as_int = x.contiguous().view(torch.int32).to(torch.int64) & _M32
+    rounded = ((as_int + bits.view(x.shape)) >> 16) & 0xFFFF
+    rounded = torch.where(torch.isnan(x), as_int >> 16 | 0x40, rounded)  # a NaN stays a (quiet) NaN
+    signed16 = torch.where(rounded >= 0x8000, rounded - 0x10000, rounded)
+    return signed16.to(torch.int16).view(torch.bfloat16)
+
+
+# ---- the optimizers' options and a param's state in a format ---------------------------------
+
+OPTIONS = {"state_dtype": None, "state_rounding": "nearest", "stochastic_rounding": False}
+ROUNDING_KEY = "rounding_key"
+
+
+def normalized_state_dtype(value):
+    """``state_dtype`` as a group holds it: None, ``"bfloat16"`` or ``"8bit"`` (``torch.bfloat16``
+    and ``"bf16"`` are accepted; strings keep state dicts loadable with ``weights_only=True``)."""
+    if value is None or value in ("8bit", "bfloat16"):
+        return value
+    if value is torch.bfloat16 or value == "bf16":
+        return "bfloat16"
+    raise ValueError(f"Invalid state_dtype: {value!r} (use None, torch.bfloat16 or '8bit')")
+
+
+def check_options(group: dict, owner: str, supported: bool) -> None:
+    """Checks (and normalizes) a group's compact-state options; ``supported``: the optimizer's op
+    has compact kernels."""
+    if "state_dtype" in group:
+        group["state_dtype"] = normalized_state_dtype(group["state_dtype"])
+    rounding = group.get("state_rounding", "nearest")
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"Invalid state_rounding: {rounding!r} (use 'nearest' or 'stochastic')")
+    if rounding == "stochastic" and group.get("state_dtype") == "8bit":
+        raise ValueError("Invalid state_rounding: 'stochastic' rounds bf16 state; 8-bit state takes the nearest "
+                         "code (use state_dtype=torch.bfloat16, or state_rounding='nearest')")
+    used = [k for k, default in OPTIONS.items() if group.get(k, default) != default]
+    if used and not supported:
+        raise ValueError(f"{owner} does not support {', '.join(used)} (compact state and stochastic rounding are "
+                         "implemented for the SGD family and Adam/AdamW); leave them at their defaults")
+
+
+def group_keys(state_dtype, state_rounding, stochastic_rounding) -> dict:
+    """The options that differ from the defaults, as group keys (a group without them has none:
+    its state dict is torch's)."""
+    given = dict(state_dtype=normalized_state_dtype(state_dtype), state_rounding=state_rounding,
+                 stochastic_rounding=stochastic_rounding)
+    return {k: v for k, v in given.items() if v != OPTIONS[k]}
+
+
+def is_compact(group: dict) -> bool:
+    """Whether a group's steps go through the compact twin ops."""
+    return any(group.get(k, default) != default for k, default in OPTIONS.items())
+
+
+def target_dtype(group: dict, values_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a group's compact-able state tensors for values (param or master) of ``values_dtype``."""
+    fmt = group.get("state_dtype")
+    if fmt == "8bit":
+        return torch.uint8
+    if fmt == "bfloat16":
+        return torch.bfloat16
+    return values_dtype
+
+
+def absmax_key(key: str) -> str:
+    return f"{key}_absmax"
+
+
+def convert_state(state: dict, keys: list[tuple[str, bool]], dtype: torch.dtype) -> None:
+    """Brings the state tensors ``keys`` ((name, signed) pairs) of a param to ``dtype``: decoded
+    from what they hold (values, bf16, or 8-bit with their ``<name>_absmax``) to fp32, encoded to
+    ``dtype`` (bf16 to nearest even); 8-bit state gets or loses its absmax tensor."""
+    for key, signed in keys:
+        current = state.get(key)
+        if current is None or current.dtype == dtype:
+            continue
+        if current.dtype == torch.uint8:
+            x = decode_8bit(current, state.pop(absmax_key(key)), signed)
+        else:
+            x = current.float()
+        if dtype == torch.uint8:
+            codes, absmax = encode_8bit(x, signed)
+            state[key], state[absmax_key(key)] = codes.to(current.device), absmax.to(current.device)
+        else:
+            state[key] = x.to(dtype=dtype, device=current.device)
+
+
+def initial_key(group_index: int, param_index: int) -> Tensor:
+    """A param's first rounding key: its position (group, index) in the high bits, the step count
+    added below (distinct for 2^32 steps of up to 2^20 params per group)."""
+    return torch.tensor((group_index << 52) + (param_index << 32), dtype=torch.int64)
