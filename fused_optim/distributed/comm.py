@@ -118,10 +118,12 @@ def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divi
                      by_layer: bool = False, cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
     """``t ← (Σ_ranks t) / divisor`` in place, per bucket; ``divide_before`` divides each rank's
     share first (mlbench's guard against fp16 overflow). A bucket of one contiguous tensor is
-    reduced in place."""
-    for idx in buckets(tensors, by_layer, cap_mb):
-        part = [tensors[i] for i in idx]
-        finish_mean_(*start_sum(part, divisor, divide_before, in_place=True), part, divisor, divide_before)
+    reduced in place. Every bucket's all-reduce is launched before the first is waited for (all
+    in flight at once: with ``by_layer``, one per tensor, their latencies overlap)."""
+    parts = [[tensors[i] for i in idx] for idx in buckets(tensors, by_layer, cap_mb)]
+    started = [start_sum(part, divisor, divide_before, in_place=True) for part in parts]
+    for (flat, work), part in zip(started, parts):
+        finish_mean_(flat, work, part, divisor, divide_before)
 
 
 def gather_rows(who: str, row: Sequence[int], device=None) -> Tensor:

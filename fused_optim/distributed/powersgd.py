@@ -142,9 +142,9 @@ class PowerSGD(CommunicatingOptimizer):
                 g.copy_(update.view(g.shape))
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
-        """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer``."""
-        for part in (parts if self.by_layer else [flat]):
-            dist.all_reduce(part)
+        """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer`` (all in flight at once)."""
+        for work in [dist.all_reduce(part, async_op=True) for part in (parts if self.by_layer else [flat])]:
+            work.wait()
 
     def _comm_state(self) -> dict:
         return {"memories": [m.clone() for m in self.memories], "iteration": self.iteration,
