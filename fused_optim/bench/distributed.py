@@ -8,12 +8,12 @@ Variants, interleaved round by round: DDP (its all-reduce of the grads, 25 MB bu
 SGD; CentralizedSGD (flat buckets: synchronous, and ``overlap=True``; by layer); PowerSGD rank
 1, 2, 4; DecentralizedSGD on a ring. A step is forward + backward + optimizer step; the model's
 loss is Σ_p Σ(p·x) (its backward writes x into every grad), the same compute for every variant, so
-differences are communication. ``--batch B`` gives the model a real backward instead (every param
-a linear layer on B input rows: :class:`_Model`) and times DDP and CentralizedSGD, synchronous
-and ``overlap=True``, to see the all-reduce hidden behind the backward. Bytes are the payload of each collective (all_reduce: the tensor;
-all_gather / isend: this rank's part), counted by wrapping torch.distributed's functions (DDP
-with torch's Python all-reduce comm hook, so they see its buckets); what gloo puts on the wire is a
-multiple of it that depends on its algorithm.
+differences are communication. ``--batch B`` gives the model a real backward instead (every param a
+linear layer on B input rows: :class:`_Model`) and times DDP and CentralizedSGD, synchronous and
+``overlap=True``, to see the all-reduce hidden behind the backward. Bytes are the payload of each
+collective (all_reduce: the tensor; all_gather / isend: this rank's part), counted by wrapping
+torch.distributed's functions (DDP with torch's Python all-reduce comm hook, so they see its
+buckets); what gloo puts on the wire is a multiple of it that depends on its algorithm.
 
 mlbench-core's own implementations of the same (:mod:`.mlbench_peer`: CentralizedSGD flat and by
 layer, PowerSGD, DecentralizedSGD over torch.optim.SGD) join the rounds when mlbench-core is found:
