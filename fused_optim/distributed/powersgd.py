@@ -41,7 +41,8 @@ class PowerSGD(CommunicatingOptimizer):
     kinds of collective per step. Before ``start_iter`` steps every grad is averaged exactly (no
     memory). rank ≥ min(n, m) reproduces the exact average (P spans the range of Σ M).
 
-    The memories E, the Q of a warm start, the step count and the generator are in the state dict.
+    The memories E, the Q of a warm start (flat, each matrix's Qᵀ, r × m), the step count and the
+    generator are in the state dict.
 
     Deviations from mlbench_core (bugs not copied): the closure runs before the aggregation; P and
     Q are kept in the grads' dtype (mlbench allocates them in the default dtype, and its eps
