@@ -217,6 +217,8 @@ def main(rank: int, world: int, out_dir: str) -> None:
             checks[f"powersgd_{name}"] = replay(dict(own, options={**full["options"], **extra}), rank)
         for name in ("centralized_sgd", "powersgd_rank1"):
             checks[f"closure_{name}"] = replay(by_id[name], rank, in_closure=True)
+        warm = by_id["powersgd_rank2_warm_start"]  # P, Q and the exact grads one collective per tensor
+        checks["powersgd_by_layer"] = replay(dict(warm, options={**warm["options"], "by_layer": True}), rank)
         grads = by_id["powersgd_rank2_warm_start"]["ranks"][rank]["grads"]
         init = by_id["powersgd_rank2_warm_start"]["ranks"][rank]["init"]
 

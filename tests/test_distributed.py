@@ -107,6 +107,14 @@ def test_powersgd_takes_channels_last_params(ranks2):
             torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
 
 
+def test_powersgd_by_layer_follows_mlbench(ranks2):
+    """by_layer=True (P, Q and every exact grad reduced one tensor at a time, all in flight at
+    once) sums the same elements as the flat buffers: mlbench's trajectory, within TOL."""
+    case = next(c for c in GOLDEN["cases"] if c["id"] == "powersgd_rank2_warm_start")
+    for rank, result in enumerate(ranks2):
+        assert_trajectory(result["checks"]["powersgd_by_layer"], case["ranks"][rank]["expected"], f"rank {rank}")
+
+
 def test_low_rank_powersgd_is_not_the_exact_average(ranks2):
     """... while rank 1 is lossy (the golden case tests compression, not an all-reduce)."""
     lossy, exact = ranks2[0]["golden"]["powersgd_rank1"], ranks2[0]["checks"]["exact_average"]

@@ -66,6 +66,7 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
         self.bucket_cap_mb = bucket_cap_mb
         self._communicates_before = agg_grad
         self._denom: float | Tensor | None = None
+        self._buffers: list = []  # the packed buckets, kept from step to step (comm.reusable)
         if overlap and not agg_grad:
             raise ValueError(f"{who}: overlap=True overlaps the grads' all-reduce with the backward: it needs "
                              "agg_grad=True (params are averaged after the step, nothing to overlap)")
@@ -91,7 +92,8 @@ class GenericCentralizedOptimizer(CommunicatingOptimizer):
     def _average(self, tensors: list[Tensor], denom) -> None:
         """Σ_ranks / D in place, bucketed from the last tensor (DDP's order: the backward's)."""
         comm.all_reduce_mean_(tensors[::-1], self.world_size if denom is None else denom,
-                              divide_before=self.divide_before, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
+                              divide_before=self.divide_before, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb,
+                              buffers=self._buffers)
 
     @torch.no_grad()
     def _before_step(self) -> None:

@@ -77,9 +77,20 @@ def buckets(tensors: Sequence[Tensor], by_layer: bool, cap_mb: float = DEFAULT_B
     return out
 
 
-def pack(tensors: Sequence[Tensor]) -> Tensor:
-    """One flat tensor holding ``tensors`` in order (a copy)."""
-    return torch.cat([t.reshape(-1) for t in tensors])
+def pack(tensors: Sequence[Tensor], out: Tensor | None = None) -> Tensor:
+    """One flat tensor holding ``tensors`` in order (a copy; written into ``out`` if given)."""
+    return torch.cat([t.reshape(-1) for t in tensors], out=out)
+
+
+def reusable(buffers: list, b: int, part: Sequence[Tensor]) -> Tensor:
+    """``buffers[b]``, a flat buffer for bucket ``part`` kept from call to call (a fresh 25 MiB
+    tensor each step costs its page faults: as much as packing it); made, or remade when the
+    bucket's size, dtype or device changed."""
+    buffers.extend([None] * (b + 1 - len(buffers)))
+    numel, buf = sum(t.numel() for t in part), buffers[b]
+    if buf is None or buf.numel() != numel or buf.dtype != part[0].dtype or buf.device != part[0].device:
+        buf = buffers[b] = torch.empty(numel, dtype=part[0].dtype, device=part[0].device)
+    return buf
 
 
 def views(flat: Tensor, shapes: Sequence[Sequence[int]]) -> list[Tensor]:
@@ -93,12 +104,13 @@ def unpack_(flat: Tensor, tensors: Sequence[Tensor]) -> None:
     torch._foreach_copy_(list(tensors), views(flat, [t.shape for t in tensors]))
 
 
-def start_sum(part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool, in_place: bool = False):
-    """Pack ``part`` (one bucket) and launch its all-reduce (``async_op``); ``divide_before``
-    divides this rank's share first. ``in_place``: a bucket of one contiguous tensor is reduced in
-    it, without the copies (only when nothing writes to it until :func:`finish_mean_`). Returns
-    (the flat buffer, the collective's work)."""
-    flat = part[0].view(-1) if in_place and len(part) == 1 and part[0].is_contiguous() else pack(part)
+def start_sum(part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool, in_place: bool = False,
+              out: Tensor | None = None):
+    """Pack ``part`` (one bucket; into ``out`` if given) and launch its all-reduce (``async_op``);
+    ``divide_before`` divides this rank's share first. ``in_place``: a bucket of one contiguous
+    tensor is reduced in it, without the copies (only when nothing writes to it until
+    :func:`finish_mean_`). Returns (the flat buffer, the collective's work)."""
+    flat = part[0].view(-1) if in_place and len(part) == 1 and part[0].is_contiguous() else pack(part, out)
     if divide_before:
         flat.div_(divisor)
     return flat, dist.all_reduce(flat, async_op=True)
@@ -106,22 +118,32 @@ def start_sum(part: Sequence[Tensor], divisor: float | Tensor, divide_before: bo
 
 def finish_mean_(flat: Tensor, work, part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool) -> None:
     """Wait for :func:`start_sum`'s all-reduce, divide (unless done before), unpack into ``part``
-    (unless it was reduced in place)."""
+    (unless it was reduced in place); dividing and unpacking are one pass (``div(out=)``)."""
     work.wait()
-    if not divide_before:
-        flat.div_(divisor)
-    if not (len(part) == 1 and flat.data_ptr() == part[0].data_ptr()):
+    if len(part) == 1 and flat.data_ptr() == part[0].data_ptr():
+        if not divide_before:
+            flat.div_(divisor)
+    elif divide_before:
         unpack_(flat, part)
+    else:
+        for t, v in zip(part, views(flat, [t.shape for t in part])):
+            torch.div(v, divisor, out=t)
 
 
 def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divide_before: bool = False,
-                     by_layer: bool = False, cap_mb: float = DEFAULT_BUCKET_CAP_MB) -> None:
+                     by_layer: bool = False, cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                     buffers: list | None = None) -> None:
     """``t ← (Σ_ranks t) / divisor`` in place, per bucket; ``divide_before`` divides each rank's
     share first (mlbench's guard against fp16 overflow). A bucket of one contiguous tensor is
-    reduced in place."""
-    for idx in buckets(tensors, by_layer, cap_mb):
-        part = [tensors[i] for i in idx]
-        finish_mean_(*start_sum(part, divisor, divide_before, in_place=True), part, divisor, divide_before)
+    reduced in place. Every bucket's all-reduce is launched before the first is waited for (all
+    in flight at once: with ``by_layer``, one per tensor, their latencies overlap). ``buffers``: a
+    list the caller keeps, holding the packed buckets' buffers from call to call (:func:`reusable`)."""
+    parts = [[tensors[i] for i in idx] for idx in buckets(tensors, by_layer, cap_mb)]
+    started = [start_sum(part, divisor, divide_before, in_place=True,
+                         out=None if buffers is None or len(part) == 1 else reusable(buffers, b, part))
+               for b, part in enumerate(parts)]
+    for (flat, work), part in zip(started, parts):
+        finish_mean_(flat, work, part, divisor, divide_before)
 
 
 def gather_rows(who: str, row: Sequence[int], device=None) -> Tensor:

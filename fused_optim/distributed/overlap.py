@@ -42,6 +42,7 @@ class OverlappedGradSum:
         last = len(self.params) - 1
         self.buckets = [[last - i for i in idx] for idx in comm.buckets(self.params[::-1], by_layer, cap_mb)]
         self.bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
+        self._buffers: list = []  # the packed buckets, kept from step to step (comm.reusable)
         self._reset()
         me = weakref.ref(self)  # the hooks do not keep a dropped optimizer communicating
         self._handles = [p.register_post_accumulate_grad_hook(lambda _, i=i: (me() or _Gone).ready(i))
@@ -70,8 +71,10 @@ class OverlappedGradSum:
             self._launch()
 
     def _launch(self) -> None:
-        part = [self.params[i].grad for i in self.buckets[len(self._launched)]]
-        self._launched.append(comm.start_sum(part, self.launch_divisor, self.divide_before))
+        b = len(self._launched)
+        part = [self.params[i].grad for i in self.buckets[b]]
+        self._launched.append(comm.start_sum(part, self.launch_divisor, self.divide_before,
+                                             out=comm.reusable(self._buffers, b, part)))
 
     @torch.no_grad()
     def finish_(self, divisor: float | Tensor) -> bool:

@@ -41,7 +41,8 @@ class PowerSGD(CommunicatingOptimizer):
     kinds of collective per step. Before ``start_iter`` steps every grad is averaged exactly (no
     memory). rank ≥ min(n, m) reproduces the exact average (P spans the range of Σ M).
 
-    The memories E, the Q of a warm start, the step count and the generator are in the state dict.
+    The memories E, the Q of a warm start (flat, each matrix's Qᵀ, r × m), the step count and the
+    generator are in the state dict.
 
     Deviations from mlbench_core (bugs not copied): the closure runs before the aggregation; P and
     Q are kept in the grads' dtype (mlbench allocates them in the default dtype, and its eps
@@ -110,35 +111,41 @@ class PowerSGD(CommunicatingOptimizer):
         torch._foreach_add_(self.memories, grads)  # E ← S = G + E (E now holds S)
         matrices = [s.view(n, m) for s, (n, m) in zip(self.memories, self._shapes)]
         dtype, device = grads[0].dtype, grads[0].device
+        # P and Q are stored transposed (r × n, r × m per matrix, in the flat buckets): the products
+        # are then Qᵀ·Mᵀ and Pᵀ·M, matrix products with a short contiguous left factor, which BLAS
+        # runs at memory speed; M·Q with r ≥ 2 columns is several times slower on CPU.
         p_flat = torch.empty(sum(n * r for (n, _), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        ps = comm.views(p_flat, [(n, r) for (n, _), r in zip(self._shapes, self._ranks)])
+        pts = comm.views(p_flat, [(r, n) for (n, _), r in zip(self._shapes, self._ranks)])
         fresh = self.q is None or not self.reuse_query
         if self.q is None:
             self.q = torch.empty(sum(m * r for (_, m), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        qs = comm.views(self.q, [(m, r) for (_, m), r in zip(self._shapes, self._ranks)])
+        qts = comm.views(self.q, [(r, m) for (_, m), r in zip(self._shapes, self._ranks)])
         if fresh:
-            self._draw_queries(qs)
-        for mat, q, p in zip(matrices, qs, ps):
-            torch.matmul(mat, q, out=p)
-        self._all_reduce(p_flat, ps)
+            self._draw_queries([qt.t() for qt in qts])
+        for mat, qt, pt in zip(matrices, qts, pts):
+            torch.matmul(qt, mat.t(), out=pt)  # Pᵀ = Qᵀ·Mᵀ
+        self._all_reduce(p_flat, pts)
         exact = [params[i].grad for i in self.exact]
-        for p in ps:
-            orthogonalize_(p)
-        for mat, q, p in zip(matrices, qs, ps):
-            torch.matmul(mat.t(), p, out=q)
-        self._all_reduce(self.q, qs)
+        for pt in pts:
+            orthogonalize_(pt.t())
+        for mat, qt, pt in zip(matrices, qts, pts):
+            torch.matmul(pt, mat, out=qt)  # Qᵀ = Pᵀ·M
+        self._all_reduce(self.q, qts)
         self.q.div_(self.world_size)
         if exact:
             comm.all_reduce_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
-        for g, mat, q, p in zip(grads, matrices, qs, ps):
-            update = torch.matmul(p, q.t())
+        for g, mat, qt, pt in zip(grads, matrices, qts, pts):
+            # P·Qᵀ straight into the grad (a fresh n × m buffer costs its page faults each step)
+            update = g.view(mat.shape) if g.is_contiguous() else torch.empty_like(mat)
+            torch.matmul(pt.t(), qt, out=update)
             mat.sub_(update)  # E ← S − P·Qᵀ
-            g.copy_(update.view(g.shape))
+            if update.data_ptr() != g.data_ptr():
+                g.copy_(update.view(g.shape))
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
-        """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer``."""
-        for part in (parts if self.by_layer else [flat]):
-            dist.all_reduce(part)
+        """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer`` (all in flight at once)."""
+        for work in [dist.all_reduce(part, async_op=True) for part in (parts if self.by_layer else [flat])]:
+            work.wait()
 
     def _comm_state(self) -> dict:
         return {"memories": [m.clone() for m in self.memories], "iteration": self.iteration,
