@@ -32,6 +32,13 @@ FUSED_OPTIM_HD float float_of(uint32_t b) {
   return x;
 }
 
+// a if c else b, written as masks: GCC vectorizes it where a ?: whose one side is fp32 arithmetic
+// becomes a branch (the AVX2 loops).
+FUSED_OPTIM_HD uint32_t select_bits(bool c, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(c);
+  return (a & mask) | (b & ~mask);
+}
+
 // ---- 8-bit ---------------------------------------------------------------------------------
 
 constexpr int kQ8Block = 256;
@@ -58,12 +65,12 @@ FUSED_OPTIM_HD uint32_t q8_encode(float x, float inv_scale) {
   const uint32_t normal = ((b + (1u << (C::kShift - 1)) - 1u + ((b >> C::kShift) & 1u)) >> C::kShift) - C::kBias;
   // subnormal: y / step < 2^M rounded to an integer, nearest even, by the fp32 addition of 2^23
   const uint32_t subnormal = bits_of(y * (1.0f / C::kSubnormalStep) + 8388608.0f) - 0x4b000000u;
-  uint32_t m = b < kQ8SmallestNormal ? subnormal : normal;
+  uint32_t m = select_bits(b < kQ8SmallestNormal, subnormal, normal);
   m = m < C::kMaxMagnitude ? m : C::kMaxMagnitude;  // (y a few fp32 ulps above kTop, or NaN)
   if constexpr (Signed) {
     return m | ((bx >> 31) << 7);
   } else {
-    return (m == 0u && (bx & 0x7fffffffu) != 0u) ? 1u : m;
+    return m | static_cast<uint32_t>((m == 0u) & ((bx & 0x7fffffffu) != 0u));
   }
 }
 
@@ -72,8 +79,10 @@ template <bool Signed>
 FUSED_OPTIM_HD float q8_entry(uint32_t code) {
   using C = Q8Code<Signed>;
   const uint32_t m = Signed ? code & 0x7fu : code;
-  const float magnitude = m < (1u << C::kMantissa) ? static_cast<float>(m) * C::kSubnormalStep
-                                                   : float_of((m + C::kBias) << C::kShift);
+  // subnormal m: the entry of m + 2^M (binade 2^-15) minus 2^-15, exact
+  const bool subnormal = m < (1u << C::kMantissa);
+  const uint32_t lifted = select_bits(subnormal, 1u << C::kMantissa, 0u);
+  const float magnitude = float_of(((m | lifted) + C::kBias) << C::kShift) - float_of(select_bits(subnormal, kQ8SmallestNormal, 0u));
   return Signed ? float_of(bits_of(magnitude) | ((code >> 7) << 31)) : magnitude;
 }
 
