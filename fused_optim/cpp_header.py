@@ -108,44 +108,12 @@ namespace fused_optim {{
 """
 
 
-CODES_HEADER = Path("shared") / "state_codes.h"
-
-
-def _floats(values) -> str:
-    items = [float(v).hex() + "f" for v in values]
-    return ",\n".join("    " + ", ".join(items[i:i + 4]) for i in range(0, len(items), 4))
-
-
-def render_codes() -> str:
-    """``state_codes.h``: the 8-bit code books of fused_optim/state_formats.py and their midpoints,
-    as exact hexadecimal floats, so the kernels encode as the reference does."""
-    from . import state_formats as sf
-
-    tables = []
-    for name, signed in (("Signed", True), ("Unsigned", False)):
-        tables.append(f"constexpr float k{name}Code[256] = {{\n{_floats(sf.code_book(signed).tolist())}}};")
-        tables.append(f"constexpr float k{name}Mid[255] = {{\n{_floats(sf.midpoints(signed).tolist())}}};")
-    body = "\n\n".join(tables)
-    return f"""\
-// Generated from fused_optim/state_formats.py by `python -m fused_optim.cpp_header`: do not edit.
-// The code books of 8-bit optimizer state (ascending) and the midpoints between neighbours.
-#pragma once
-
-namespace fused_optim {{
-
-{body}
-
-}}  // namespace fused_optim
-"""
-
-
 def main() -> None:
     from ._build import CSRC
 
-    for header, text in ((HEADER, render()), (CODES_HEADER, render_codes())):
-        path = CSRC / header
-        path.write_text(text)
-        print(f"wrote {path}")
+    path = CSRC / HEADER
+    path.write_text(render())
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

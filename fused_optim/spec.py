@@ -140,7 +140,7 @@ class OpSpec:
 
     def compact_lists(self) -> tuple[tuple[int, StateList], ...]:
         """(position, list) of the state lists a compact format may hold: the moments, not the
-        step counters nor the masters. A list of non-negative values uses the unsigned code book."""
+        step counters nor the masters. A list of non-negative values uses the unsigned 8-bit code."""
         return tuple((k, s) for k, s in enumerate(self.state[:-1]) if s.sample != "counter")
 
     def run_compact_reference(self, params: list, grads: list, *lists, stochastic_state: bool = False,

@@ -1,8 +1,8 @@
 """Optimizer state in fewer bytes: the bf16 and blockwise 8-bit formats and stochastic rounding.
 
 The reference definitions; the CPU kernels (``csrc/cpu/compact_state.h``) implement the same
-formats with the same code books (generated from this module into ``csrc/shared/state_codes.h``)
-and the same random bits, so the two agree code for code.
+formats (per element in ``csrc/shared/state_codes.h``, shared with the CUDA kernels) and the same
+random bits, so the two agree code for code.
 
 **bf16** (``state_dtype=torch.bfloat16``): the state tensor is bfloat16; a step decodes it to
 fp32 exactly (the 16 bits are the high half of the fp32), runs the fp32 rule and rounds back,
@@ -11,18 +11,19 @@ to nearest even or stochastically.
 **8-bit** (``state_dtype="8bit"``): the elements of a state tensor, flattened, are cut into blocks
 of ``BLOCK`` = 256. A block stores one fp32 scale, the largest magnitude among its elements
 (``absmax``; a ``<name>_absmax`` tensor of ceil(numel/256) elements beside the ``uint8`` codes),
-and one byte per element: the index of the code book entry nearest to ``x / absmax`` (ties to
-the lower entry). The value is ``code[byte] * absmax``. A moment that may be negative (exp_avg,
-momentum_buffer) uses the signed code book, a second moment (exp_avg_sq, max_exp_avg_sq) the
-unsigned one, which spends the sign bit on precision. A non-zero second moment is never encoded
-as 0 (it takes the smallest non-zero entry): Adam divides by √v + eps, and a v rounded to zero
-would turn a tiny step into one of size lr·m/eps.
-
-The code books are "dynamic" (log-spaced, after Dettmers et al., 8-bit Optimizers via Block-wise
-Quantization, 2022): besides 0 and 1, decade j = 0..6 covers magnitudes 10^(j-6)·[0.1, 1] with
-n_j entries at the midpoints of n_j equal steps of [0.1, 1]: n_j = 2^j of each sign (signed book)
-or 2^(j+1) (unsigned book). Small magnitudes keep a relative precision a linear code would
-lose: the second moment spans many decades within a block.
+and one byte per element: a small float of y = |x| * (top / absmax), in [0, top]. The byte has 4
+exponent bits and M mantissa bits: M = 3 for a moment that may be negative (exp_avg,
+momentum_buffer), whose top bit is the sign, and M = 4 for a second moment (exp_avg_sq,
+max_exp_avg_sq), which spends the sign bit on precision. Exponent field f = 1..15 holds
+2^(f-16)·(1 + m/2^M), the binades from 2^-15 to 1 (the largest entry ``top`` = 1 - 2^-(M+1), which
+x = absmax takes); f = 0 holds m·2^-(15+M), evenly spaced down to 0 like IEEE subnormals, so small
+magnitudes keep a relative precision of 2^-(M+1) over 4.5 decades below the block's absmax, where
+a linear code would lose them (the "dynamic" codes of Dettmers et al., 8-bit Optimizers via
+Block-wise Quantization, 2022, are also sign, exponent and linear fraction). The byte is y rounded
+to the nearest entry, ties to even, computed with integer operations on y's fp32 bits (no table,
+no search); a non-zero second moment never takes the byte 0 (it takes the smallest entry): Adam
+divides by √v + eps, and a v rounded to zero would turn a tiny step into one of size lr·m/eps.
+The value of a byte is its entry times absmax / top. Both scales are one fp32 division per block.
 
 **Stochastic rounding** of fp32 to bf16: add 16 random bits to the fp32 bits below the bf16
 mantissa, then truncate. A value between two bf16 neighbours a and b = a + ulp rounds to b with
@@ -43,52 +44,75 @@ from torch import Tensor
 BLOCK = 256
 
 
-def _code_book(signed: bool) -> list[float]:
-    """The 256 sorted values of a dynamic code book, as fp32 numbers (see the module docstring)."""
-    values = [0.0, 1.0]
-    for j in range(7):
-        count = 2 ** j if signed else 2 ** (j + 1)
-        for k in range(count):
-            magnitude = 10.0 ** (j - 6) * (0.1 + 0.9 * (k + 0.5) / count)
-            values += [magnitude, -magnitude] if signed else [magnitude]
-    assert len(values) == 256
-    return sorted(struct.unpack("f", struct.pack("f", v))[0] for v in values)
+def mantissa_bits(signed: bool) -> int:
+    return 3 if signed else 4
 
 
-def code_book(signed: bool) -> Tensor:
-    """The code book (256 fp32 values, ascending)."""
-    return torch.tensor(_code_book(signed), dtype=torch.float32)
+def top(signed: bool) -> float:
+    """The largest entry, 1 - 2^-(M+1) (exact in fp32)."""
+    return 1.0 - 2.0 ** -(mantissa_bits(signed) + 1)
 
 
-def midpoints(signed: bool) -> Tensor:
-    """The 255 fp32 midpoints between neighbouring entries: x encodes as the number of them < x."""
-    code = code_book(signed)
-    return (code[:-1] + code[1:]) / 2
+_SMALLEST_NORMAL = 0x38000000  # the fp32 bits of 2^-15
+
+
+def _bits(x: Tensor) -> Tensor:
+    """The fp32 bits of x as non-negative int64."""
+    return x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def _from_bits(b: Tensor) -> Tensor:
+    return torch.where(b >= 2 ** 31, b - 2 ** 32, b).to(torch.int32).view(torch.float32)
+
+
+def entries(signed: bool) -> Tensor:
+    """The 256 entries (fp32) by byte: the value of byte c before the block's scale absmax / top."""
+    m_bits = mantissa_bits(signed)
+    code = torch.arange(256, dtype=torch.int64)
+    m = code & 0x7F if signed else code
+    subnormal = m.float() * 2.0 ** -(15 + m_bits)
+    normal = _from_bits((m + (111 << m_bits)) << (23 - m_bits))
+    magnitude = torch.where(m < 2 ** m_bits, subnormal, normal)
+    return torch.where(code >= 128, -magnitude, magnitude) if signed else magnitude
 
 
 def blocks_of(numel: int) -> int:
     return -(-numel // BLOCK)
 
 
+def _block_absmax(flat: Tensor) -> Tensor:
+    padded = torch.zeros(blocks_of(flat.numel()) * BLOCK, dtype=torch.float32)
+    padded[:flat.numel()] = flat
+    return padded.view(-1, BLOCK).abs().amax(dim=1)
+
+
 def encode_8bit(x: Tensor, signed: bool) -> tuple[Tensor, Tensor]:
-    """``(codes uint8 of x's shape, absmax fp32 [blocks])`` of the fp32 values ``x``."""
+    """``(codes uint8 of x's shape, absmax fp32 [blocks])`` of the fp32 values ``x``: y = |x| ·
+    (top / absmax) rounded to the nearest entry (ties to even), by the kernels' integer steps."""
     flat = x.detach().reshape(-1).float()
     n = flat.numel()
-    padded = torch.zeros(blocks_of(n) * BLOCK, dtype=torch.float32)
-    padded[:n] = flat
-    absmax = padded.view(-1, BLOCK).abs().amax(dim=1)
-    scale = absmax.repeat_interleave(BLOCK)[:n]
-    normalized = torch.where(scale > 0, flat / torch.where(scale > 0, scale, 1.0), 0.0)
-    index = torch.bucketize(normalized, midpoints(signed))
-    if not signed:
-        index = torch.where((index == 0) & (normalized > 0), 1, index)
-    return index.to(torch.uint8).view(x.shape), absmax
+    absmax = _block_absmax(flat)
+    inv = torch.where(absmax > 0, top(signed) / torch.where(absmax > 0, absmax, 1.0), 0.0)
+    y = flat.abs() * inv.repeat_interleave(BLOCK)[:n]
+    b = _bits(y)
+    m_bits = mantissa_bits(signed)
+    shift = 23 - m_bits
+    normal = ((b + (1 << (shift - 1)) - 1 + ((b >> shift) & 1)) >> shift) - (111 << m_bits)
+    # y / step < 2^M to an integer, nearest even: the fp32 addition of 2^23 rounds it
+    subnormal = _bits(y * 2.0 ** (15 + m_bits) + 2.0 ** 23) - 0x4B000000
+    code = torch.where(b < _SMALLEST_NORMAL, subnormal, normal).clamp(max=127 if signed else 255)
+    if signed:
+        code = code | torch.where(torch.signbit(flat), 128, 0)
+    else:
+        code = torch.where((code == 0) & (flat != 0), 1, code)
+    return code.to(torch.uint8).view(x.shape), absmax
 
 
 def decode_8bit(codes: Tensor, absmax: Tensor, signed: bool) -> Tensor:
     """The fp32 values of 8-bit state (codes of any shape, one absmax per block of 256)."""
     n = codes.numel()
-    values = code_book(signed)[codes.reshape(-1).long()] * absmax.repeat_interleave(BLOCK)[:n]
+    scale = (absmax / top(signed)).repeat_interleave(BLOCK)[:n]
+    values = entries(signed)[codes.reshape(-1).long()] * scale
     return values.view(codes.shape)
 
 

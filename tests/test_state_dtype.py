@@ -21,22 +21,21 @@ SIZES = (1, 255, 256, 257, 4097, 70000)  # block edges, a SIMD tail, and a tenso
 # ---- the formats -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
-def test_code_books_are_256_sorted_distinct_values_spanning_the_unit_interval(signed):
-    code = sf.code_book(signed)
-    assert code.numel() == 256 and code.dtype == torch.float32
-    assert bool((code[1:] > code[:-1]).all())
-    assert 0.0 in code.tolist() and code.max().item() == 1.0
-    assert (code.min().item() < -0.99) if signed else code.min().item() == 0.0
-    # the smallest non-zero magnitude is 1e-7 of the block's absmax (decade 10^-6 x the 0.1-1 range)
-    assert 1e-8 < code.abs()[code != 0].min().item() < 1e-6
-
-
-def test_the_kernels_code_books_are_the_reference_s():
-    """csrc/shared/state_codes.h is generated from state_formats.py (`python -m fused_optim.cpp_header`)."""
-    from fused_optim import _build, cpp_header
-
-    assert (_build.CSRC / cpp_header.CODES_HEADER).read_text() == cpp_header.render_codes(), (
-        "csrc/shared/state_codes.h is out of date: run `python -m fused_optim.cpp_header`")
+def test_8bit_entries_are_a_small_float_of_4_exponent_bits(signed):
+    """Magnitude bytes 0..2^M-1 are evenly spaced from 0 (step 2^-(15+M)), the rest the binades
+    2^-15 .. 1 with 2^M entries each; the largest is top = 1 - 2^-(M+1); a signed byte's top bit
+    is the sign."""
+    m = sf.mantissa_bits(signed)
+    e = sf.entries(signed).double()
+    magnitudes = e[:128] if signed else e
+    assert bool((magnitudes[1:] > magnitudes[:-1]).all()) and magnitudes[0].item() == 0.0
+    assert torch.equal(magnitudes[:2 ** m], torch.arange(2 ** m).double() * 2.0 ** -(15 + m))
+    for f in range(1, 16):
+        binade = magnitudes[f << m:(f + 1) << m]
+        assert torch.equal(binade, 2.0 ** (f - 16) * (1 + torch.arange(2 ** m).double() / 2 ** m))
+    assert magnitudes.max().item() == sf.top(signed) == 1 - 2.0 ** -(m + 1)
+    if signed:
+        assert torch.equal(e[128:], -e[:128])
 
 
 def _values(signed: bool, n: int = 5000) -> torch.Tensor:
@@ -48,41 +47,54 @@ def _values(signed: bool, n: int = 5000) -> torch.Tensor:
     return x
 
 
+def _scaled(x, absmax, signed):
+    """y = |x| * (top / absmax) of each element, as the format defines it."""
+    inv = torch.where(absmax > 0, sf.top(signed) / absmax, 0.0).repeat_interleave(sf.BLOCK)[:x.numel()]
+    return x.abs() * inv
+
+
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
-def test_8bit_encoding_takes_the_nearest_code_of_each_block(signed):
-    """Each element's code is the entry nearest to x / absmax of its block (brute force over the
-    256 entries), except that a non-zero unsigned value never takes the code 0; the absmax is
-    the block's largest magnitude."""
-    x = _values(signed)
+def test_8bit_encoding_takes_the_nearest_entry_ties_to_even(signed):
+    """Each element's byte is that of the entry nearest to y = |x| * top / absmax (brute force over
+    the entries, the even byte on a tie) with x's sign, except that a non-zero unsigned value never
+    takes the byte 0; the absmax is the block's largest magnitude. Ties: a last block holding top
+    (so y = |x|) and every midpoint between neighbouring entries (exact in fp32: one more bit)."""
+    magnitudes = sf.entries(signed)[:128 if signed else 256]
+    midpoints = (magnitudes[:-1] + magnitudes[1:]) / 2
+    x = torch.cat([_values(signed, 20 * sf.BLOCK), midpoints, torch.tensor([sf.top(signed)])])
     codes, absmax = sf.encode_8bit(x, signed)
     assert codes.dtype == torch.uint8 and absmax.numel() == math.ceil(x.numel() / sf.BLOCK)
     blocks = torch.nn.functional.pad(x, (0, absmax.numel() * sf.BLOCK - x.numel())).view(-1, sf.BLOCK)
     assert torch.equal(absmax, blocks.abs().amax(dim=1))
-    normalized = x / absmax.repeat_interleave(sf.BLOCK)[:x.numel()]
-    nearest = (normalized[:, None] - sf.code_book(signed)[None, :]).abs().argmin(dim=1)
-    if not signed:
-        nearest = torch.where((nearest == 0) & (x > 0), 1, nearest)
-    assert torch.equal(codes.long(), nearest)
+    distance = (_scaled(x, absmax, signed).double()[:, None] - magnitudes.double()[None, :]).abs()
+    nearest = distance == distance.min(dim=1, keepdim=True).values
+    index = torch.arange(magnitudes.numel())
+    tie_to_even = nearest & ((index % 2 == 0)[None, :] | (nearest.sum(dim=1, keepdim=True) == 1))
+    expected = torch.where(tie_to_even, index, 10 ** 6).min(dim=1).values
+    if signed:
+        expected = expected | torch.where(x < 0, 128, 0)
+    else:
+        expected = torch.where((expected == 0) & (x != 0), 1, expected)
+    assert int((nearest.sum(dim=1) == 2).sum()) >= midpoints.numel() // 2  # the ties are exercised
+    assert torch.equal(codes.long(), expected)
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
-def test_8bit_round_trip_error_is_at_most_half_a_code_gap(signed):
-    """decode(encode(x)) is within half the gap between the two entries around x / absmax (times
-    absmax, plus one fp32 rounding of the product); the relative error of the largest decade's
-    entries (|x| >= absmax/10) is at most 0.9/64/2 of absmax (signed: 64 entries of each sign
-    span [0.1, 1]; unsigned: 128) ~ 0.7%."""
+def test_8bit_round_trip_error_is_at_most_half_an_entry_gap(signed):
+    """decode(encode(x)) is within half an entry gap of x: relative 2^-(M+1) where y = |x| top /
+    absmax >= 2^-15 (the binades), absolute 2^-(16+M) absmax / top below (evenly spaced entries),
+    the smallest entry for the unsigned values lifted from 0; plus 4 fp32 roundings of |x| (the
+    two block scales, y and the decoded product)."""
+    m = sf.mantissa_bits(signed)
     x = _values(signed)
     codes, absmax = sf.encode_8bit(x, signed)
     y = sf.decode_8bit(codes, absmax, signed)
-    code = sf.code_book(signed)
-    scale = absmax.repeat_interleave(sf.BLOCK)[:x.numel()]
-    index = torch.searchsorted(code, x / scale).clamp(1, 255)
-    gap = (code[index] - code[index - 1]) * scale
-    small_unsigned = (~torch.tensor(signed)) & (codes == 1)  # rounded up from below the first entry
-    bound = torch.where(small_unsigned, code[1] * scale, gap / 2) + 2 * torch.finfo(torch.float32).eps * x.abs()
-    assert bool(((y - x).abs() <= bound).all())
-    top = x.abs() >= 0.1 * scale
-    assert bool(((y - x).abs()[top] <= (0.9 / (64 if signed else 128) / 2 + 1e-6) * scale[top]).all())
+    scale = (absmax / sf.top(signed)).repeat_interleave(sf.BLOCK)[:x.numel()].double()
+    xd = x.double()
+    lifted = (codes == 1) & (xd.abs() < 2.0 ** -(16 + m) * scale) & (not signed)
+    quantization = torch.maximum(2.0 ** -(m + 1) * xd.abs(), 2.0 ** -(16 + m) * scale)
+    bound = torch.where(lifted, 2.0 ** -(15 + m) * scale, quantization) + 4 * 2.0 ** -24 * xd.abs()
+    assert bool(((y.double() - xd).abs() <= bound).all())
 
 
 def test_a_non_zero_second_moment_never_decodes_to_zero():
