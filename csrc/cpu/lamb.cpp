@@ -193,7 +193,8 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
   const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = checked_grads(op, params.model, grads_in);
   const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
-  check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, check_state_list(op, "exp_avgs", params, exp_avgs, c, 0));
+  const int slot = check_state_list(op, "exp_avgs", params, exp_avgs, c, 0);
+  check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   check_steps(op, model, steps);
   const size_t n = model.size();
   a.tensors.resize(n);
