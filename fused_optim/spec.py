@@ -190,6 +190,7 @@ class OpSpec:
         run_params = params
         if stochastic_params:
             run_params = [p.float() for p in params]
+
         def settle(t: Tensor) -> None:
             if id(t) in pending:
                 x, store = pending.pop(id(t))
