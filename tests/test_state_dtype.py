@@ -403,9 +403,10 @@ def test_float64_params_take_the_reference_or_raise_with_fused_true():
     assert opt.implementation == "reference"
 
 
-def test_a_failed_step_leaves_params_and_compact_state_unchanged():
+@pytest.mark.parametrize("cls", [fused_optim.AdamW, fused_optim.FusedLAMB], ids=["adamw", "lamb"])
+def test_a_failed_step_leaves_params_and_compact_state_unchanged(cls):
     model = _model()
-    opt = fused_optim.AdamW(model.parameters(), state_dtype=torch.bfloat16, state_rounding="stochastic")
+    opt = cls(model.parameters(), state_dtype=torch.bfloat16, state_rounding="stochastic")
     _steps(model, opt, 1)
     params = [p.detach().clone() for p in model.parameters()]
     state = {id(p): {k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()}
