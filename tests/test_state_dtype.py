@@ -147,20 +147,20 @@ def _clone(x):
 _SCALARS = {"colossal_lamb_": dict(adam=True)}
 
 
-def _args(op, inputs):
-    """The compact twin's arguments and scalars (master_params empty)."""
+def _args(op, inputs, masters=()):
+    """The compact twin's arguments and scalars."""
     params, grads, lists, steps, absmaxes, keys = inputs
     spec = SPECS[op]
     scalars = dict(spec.sample_scalars, **spec.sample_extra(), **_SCALARS.get(op, {}))
     if op == "adam_":
         scalars["amsgrad"] = bool(lists[-1])
     per_step = [[False] * len(params)] if spec.per_step else []
-    return (params, grads, *lists, *steps, [], absmaxes, keys, *per_step), scalars
+    return (params, grads, *lists, *steps, list(masters), absmaxes, keys, *per_step), scalars
 
 
-def _call(op, fused, inputs, **flags):
+def _call(op, fused, inputs, masters=(), **flags):
     spec = SPECS[op]
-    args, scalars = _args(op, inputs)
+    args, scalars = _args(op, inputs, masters)
     if fused:
         fused_optim._build.load("cpu")
         getattr(torch.ops.fused_optim, spec.compact_name)(*args, **scalars, **flags)
@@ -241,6 +241,27 @@ def test_the_compact_kernel_is_the_compact_reference(op, fmt, param_dtype, sr_st
                                                                    range(len(SIZES))]
     # and the step did something: the state changed
     assert any(not torch.equal(a, b) for a, b in zip(lists[0], inputs[2][0]))
+
+
+@pytest.mark.parametrize("op,fmt", [("lamb_", "8bit"), ("adam_", "bf16")])
+def test_the_compact_kernel_updates_master_weights_as_the_reference(op, fmt):
+    """bf16 params with fp32 masters: the masters follow the reference as fp32 params do above
+    (where LAMB's stored moments agree), each param is its master rounded to nearest."""
+    inputs = _op_inputs(op, fmt, torch.bfloat16, amsgrad=False)
+    ours, ref = _clone(list(inputs)), _clone(list(inputs))
+    masters = [p.float() for p in inputs[0]]
+    ours_m, ref_m = _clone(masters), _clone(masters)
+    _call(op, True, ours, ours_m)
+    _call(op, False, ref, ref_m)
+    for a_list, b_list in zip(ours[2], ref[2]):
+        assert all(_adjacent(a, b) for a, b in zip(a_list, b_list))
+    agree = [torch.ones(n, dtype=torch.bool) for n in SIZES]
+    if SPECS[op].settles:
+        for a_list, b_list in zip(ours[2], ref[2]):
+            agree = [same & (a == b).reshape(-1) for same, a, b in zip(agree, a_list, b_list)]
+    assert all(_adjacent(a[same], b[same]) for a, b, same in zip(ours_m, ref_m, agree))
+    assert all(torch.equal(p, m.to(torch.bfloat16)) for p, m in zip(ours[0], ours_m))
+    assert any(not torch.equal(a, b) for a, b in zip(ours_m, masters))
 
 
 def test_stochastically_rounded_params_follow_updates_smaller_than_half_an_ulp():
