@@ -178,10 +178,12 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
 
 
 def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, beta1, beta2, beta3, eps,
-          weight_decay, decoupled, trust_ratio, trust_clip) -> None:
+          weight_decay, decoupled, trust_ratio, trust_clip, settle) -> None:
     """LAMB (see csrc/cpu/lamb.cpp): ``per_tensor(step) -> (c1, c2, lr)``. The trust ratio's ||u||
     is taken from the new moments in the math type, the update from the moments as stored (the
-    kernel's two passes)."""
+    kernel's two passes): rounded to the state's dtype, or with compact state encoded (``settle``,
+    OpSpec.run_compact_reference) and decoded. Without the trust ratio (one pass) u is that of
+    the new moments in the math type."""
     for i, (p, g_in) in enumerate(zip(params, grads)):
         steps[i].add_(1)
         c1, c2, lr = per_tensor(float(steps[i].item()))
@@ -202,13 +204,16 @@ def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, 
             pn, un = _norm(x), _norm(update(m, v))
             r = pn / un if pn > 0 and un > 0 else 1.0
             lr *= min(r, 1.0) if trust_clip else r
+            if settle is not None:
+                settle(exp_avgs[i])
+                settle(exp_avg_sqs[i])
             m, v = _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
         p.copy_(x - lr * update(m, v))
 
 
 def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, bias_correction,
           grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None,
-          lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+          lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -225,11 +230,11 @@ def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
 
     _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=inv / clip, beta1=beta1, beta2=beta2,
           beta3=1 - beta1 if grad_averaging else 1.0, eps=eps, weight_decay=weight_decay, decoupled=adam_w_mode,
-          trust_ratio=use_nvlamb or weight_decay != 0, trust_clip=trust_clip)
+          trust_ratio=use_nvlamb or weight_decay != 0, trust_clip=trust_clip, settle=settle)
 
 
 def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, adam,
-                   bias_correction, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+                   bias_correction, lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -239,7 +244,7 @@ def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, be
 
     _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=_grad_multiplier(grad_scale, False),
           beta1=beta1, beta2=beta2, beta3=1 - beta1, eps=eps, weight_decay=weight_decay, decoupled=True,
-          trust_ratio=not adam, trust_clip=False)
+          trust_ratio=not adam, trust_clip=False, settle=settle)
 
 
 def l2norm(tensors) -> tuple[Tensor, Tensor]:

@@ -67,6 +67,11 @@ class FusedLAMB(_LambBase):
         amsgrad: not supported (as apex/ColossalAI); True raises.
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
         fused: None (kernels when possible), True (kernels or error), False (reference).
+        state_dtype: ``torch.bfloat16`` or ``"8bit"``: m and v in 2 or ~1 byte
+            (:mod:`.state_formats`). With the trust ratio the update uses them as stored: ‖u‖ is
+            taken from the new moments, then u recomputed from the encoded ones (as fp16/bf16 state).
+        state_rounding: ``"stochastic"`` rounds bf16 state stochastically (default ``"nearest"``).
+        stochastic_rounding: round bf16 params without master weights stochastically.
     """
 
     op_name = "lamb_"
@@ -76,7 +81,8 @@ class FusedLAMB(_LambBase):
                  amsgrad: bool = False, adam_w_mode: bool | None = None, grad_averaging: bool = True,
                  set_grad_none: bool = True, max_grad_norm: float | None = 1.0, use_nvlamb: bool = False, *,
                  trust_clip: bool = False, always_adapt: bool = False, decoupled_weight_decay: bool | None = None,
-                 master_weights: bool = False, fused: bool | None = None):
+                 master_weights: bool = False, fused: bool | None = None, state_dtype=None,
+                 state_rounding: str = "nearest", stochastic_rounding: bool = False):
         check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
@@ -84,7 +90,9 @@ class FusedLAMB(_LambBase):
                         adam_w_mode=decoupled_flag(decoupled_weight_decay, adam_w_mode), grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
         self._grad_norm = None
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
@@ -147,16 +155,20 @@ class ColossalLamb(_LambBase):
         bias_correction: fold the bias corrections into the step size.
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
         fused: None (kernels when possible), True (kernels or error), False (reference).
+        state_dtype, state_rounding, stochastic_rounding: compact state (see :class:`FusedLAMB`).
     """
 
     op_name = "colossal_lamb_"
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,
-                 set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None):
+                 set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None,
+                 state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam,
                         bias_correction=bias_correction)
-        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
+                         state_dtype=state_dtype, state_rounding=state_rounding,
+                         stochastic_rounding=stochastic_rounding)
 
 
 # ColossalAI's class name, for code and configs written for ColossalAI (the same class).

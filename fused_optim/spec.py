@@ -74,18 +74,22 @@ class Scalar:
         return f"{self.type} {self.name}" + ("" if self.default is None else f"={self.default}")
 
 
-def _store_8bit(codes: Tensor, absmax: Tensor, signed: bool, x: Tensor) -> None:
-    from .state_formats import encode_8bit
+def _store_8bit(codes: Tensor, absmax: Tensor, signed: bool, x: Tensor) -> Tensor:
+    """Encodes x into (codes, absmax); returns the values they now hold."""
+    from .state_formats import decode_8bit, encode_8bit
 
     new_codes, new_absmax = encode_8bit(x, signed)
     codes.copy_(new_codes)
     absmax.copy_(new_absmax)
+    return decode_8bit(codes, absmax, signed)
 
 
-def _store_bf16(t: Tensor, bits: Tensor | None, x: Tensor) -> None:
+def _store_bf16(t: Tensor, bits: Tensor | None, x: Tensor) -> Tensor:
+    """Rounds x into the bf16 tensor t; returns the values it now holds."""
     from .state_formats import round_bf16
 
     t.copy_(round_bf16(x, bits))
+    return t.float()
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class OpSpec:
     sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional scalar (op tests)
     sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
     compact: bool = False  # has a compact twin ``<name>compact_``: bf16 / 8-bit state, stochastic rounding
+    # The reference reads its new state back after storing it (LAMB's second pass updates the param
+    # from the moments as stored) and takes ``settle`` (see run_compact_reference).
+    settles: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", (*self.state, MASTER_PARAMS))
@@ -147,7 +154,9 @@ class OpSpec:
                               stochastic_params: bool = False, **kwargs) -> None:
         """The compact twin's reference: decode the compact state (and stochastically rounded
         bf16 params) to fp32, run :meth:`run_reference` on it, encode back with the same code
-        books and random bits as the kernels (fused_optim/state_formats.py), advance the keys."""
+        books and random bits as the kernels (fused_optim/state_formats.py), advance the keys.
+        A reference that ``settles`` gets ``settle(t)``: it encodes the fp32 state tensor t now
+        and makes t the values stored (decoded), which the reference then reads back."""
         from . import state_formats as sf
 
         count = len(self.state)
@@ -159,7 +168,7 @@ class OpSpec:
         values = state[-1] or params
         math_dtype = torch.float64 if values[0].dtype == torch.float64 else torch.float32  # the kernels' opmath
         n = len(params)
-        encoders = []  # (fp32 values, how to store them back)
+        pending = {}  # id of fp32 values -> (the values, how to store them back), until stored
         slot = 0  # the 8-bit lists' absmax slot
         for k, spec in self.compact_lists():
             tensors = state[k]
@@ -171,18 +180,25 @@ class OpSpec:
                 for i, t in enumerate(tensors):
                     scale = absmaxes[slot * n + i]
                     tensors[i] = sf.decode_8bit(t, scale, signed).to(math_dtype)
-                    encoders.append((tensors[i], functools.partial(_store_8bit, t, scale, signed)))
+                    pending[id(tensors[i])] = tensors[i], functools.partial(_store_8bit, t, scale, signed)
                 slot += 1
             else:
                 for i, t in enumerate(tensors):
                     bits = sf.random_bits(int(keys[i]), 1 + k, t.numel()) if stochastic_state else None
                     tensors[i] = t.to(math_dtype)
-                    encoders.append((tensors[i], functools.partial(_store_bf16, t, bits)))
+                    pending[id(tensors[i])] = tensors[i], functools.partial(_store_bf16, t, bits)
         run_params = params
         if stochastic_params:
             run_params = [p.float() for p in params]
-        self.run_reference(run_params, grads, *state, *per_step, **kwargs)
-        for x, store in encoders:
+
+        def settle(t: Tensor) -> None:
+            if id(t) in pending:
+                x, store = pending.pop(id(t))
+                x.copy_(store(x))
+
+        extra = dict(settle=settle) if self.settles else {}
+        self.run_reference(run_params, grads, *state, *per_step, **kwargs, **extra)
+        for x, store in pending.values():
             store(x)
         if stochastic_params:
             for i, (p, x) in enumerate(zip(params, run_params)):

@@ -102,6 +102,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, bias_correction=True,
              grad_averaging=True, adam_w_mode=True, max_grad_norm=1.0, use_nvlamb=False, trust_clip=False),
         lambda: dict(global_grad_norm=torch.tensor(30.0)),  # > max_grad_norm: clips
+        compact=True, settles=True,
     ),
     OpSpec(
         "colossal_lamb_", (*_MOMENTS, *_STEPS), (),
@@ -109,5 +110,6 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
          _bool("adam"), _bool("bias_correction")),
         _reference.colossal_lamb_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False, bias_correction=True),
+        compact=True, settles=True,
     ),
 )}

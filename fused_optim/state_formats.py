@@ -190,7 +190,7 @@ def check_options(group: dict, owner: str, supported: bool) -> None:
     used = [k for k, default in OPTIONS.items() if group.get(k, default) != default]
     if used and not supported:
         raise ValueError(f"{owner} does not support {', '.join(used)} (compact state and stochastic rounding are "
-                         "implemented for the SGD family and Adam/AdamW); leave them at their defaults")
+                         "implemented for the SGD family, Adam/AdamW and LAMB); leave them at their defaults")
 
 
 def group_keys(state_dtype, state_rounding, stochastic_rounding) -> dict:

@@ -140,9 +140,34 @@ struct Opened<Q8State> : ChunkBuffer {
   }
 };
 
+// A compact stream that is read, never written back (LAMB's second pass reads the moments its
+// first pass stored): decoded per chunk, not encoded. read_only() makes one of any stream.
+template <typename Stream>
+struct ReadOnly {
+  Stream stream;
+};
+
+template <typename Stream>
+auto read_only(const Stream& s) {
+  if constexpr (std::is_pointer_v<Stream>) {
+    return static_cast<const std::remove_pointer_t<Stream>*>(s);  // a plain stream: read through const
+  } else {
+    return ReadOnly<Stream>{s};
+  }
+}
+
+template <typename Stream>
+struct Opened<ReadOnly<Stream>> : Opened<Stream> {
+  float* in(const ReadOnly<Stream>& s, int64_t at, int64_t n) { return Opened<Stream>::in(s.stream, at, n); }
+  void out(const ReadOnly<Stream>&, int64_t, int64_t) const {}
+};
+
 template <typename Stream>
 constexpr bool kCompact = std::is_same_v<Stream, Bf16State> || std::is_same_v<Stream, Q8State> ||
                           std::is_same_v<Stream, SrParam>;
+
+template <typename Stream>
+constexpr bool kCompact<ReadOnly<Stream>> = true;
 
 template <typename T, typename Body, typename... Stream, size_t... I>
 inline void run_chunks(int64_t begin, int64_t end, const Body& body, std::index_sequence<I...>,

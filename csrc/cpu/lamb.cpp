@@ -6,7 +6,12 @@
 // else recomputed from the stored m, v and the untouched p. So no host sync per tensor: the data
 // is read twice, in one two-pass launch (multi_tensor_two_pass) that updates a tensor right after
 // its sums, while it is in the cache.
+// lamb_compact_ / colossal_lamb_compact_ are the same updates on compact state (compact_state.h):
+// pass 1 decodes m and v, updates them, sums ||u||^2 of the new (fp32) moments and encodes them;
+// pass 2 decodes the moments as stored and recomputes u from them (the reference's definition:
+// fused_optim/_reference.py _lamb). Nothing is kept between the passes.
 #include "simd_blocks.h"  // before the shared rule (lamb_math.h)
+#include "compact_state.h"
 #include "fixed_order_sums.h"
 #include "master_weights.h"
 #include "multi_tensor.h"
@@ -36,8 +41,8 @@ struct Lamb : LambOptions {  // (csrc/shared/lamb_math.h)
 // grown before the launch), else nowhere (pass 2 recomputes u). A larger tensor does not stay in
 // the cache between the passes, so writing u would add memory traffic; a smaller one made pass 2
 // compute-bound on the sqrt and the divide (~0.18 ms per 1M fp32 elements in L3, a third of
-// pass 1). fp16/bf16 keep nothing: pass 2 recomputes their u from m and v as stored, rounded
-// (fp16's v underflows), as the reference does.
+// pass 1). fp16/bf16 and compact state keep nothing: pass 2 recomputes their u from m and v as
+// stored, rounded or encoded (fp16's v underflows), as the reference does.
 constexpr int64_t kKeepAll = int64_t{1} << 22;
 
 template <typename M>
@@ -54,8 +59,11 @@ struct KeptU {
   const std::vector<int64_t>& numels;
   M* shared = nullptr;
 
-  explicit KeptU(const std::vector<int64_t>& numels_) : numels(numels_) {
-    if constexpr (!at::vec::is_reduced_floating_point_v<T>) {
+  bool keep = !at::vec::is_reduced_floating_point_v<T>;
+
+  KeptU(const std::vector<int64_t>& numels_, bool stored_as_computed) : numels(numels_) {
+    keep = keep && stored_as_computed;
+    if (keep) {
       int64_t largest = 0;
       for (const int64_t numel : numels) largest = numel <= kKeepAll ? std::max(largest, numel) : largest;
       if (largest > kWhole) shared = scratch_of_thread<M>(largest);
@@ -63,7 +71,7 @@ struct KeptU {
   }
 
   M* at(int64_t t, Placement where) const {
-    if constexpr (at::vec::is_reduced_floating_point_v<T>) return nullptr;
+    if (!keep) return nullptr;
     if (where == Placement::kThread) return scratch_of_thread<M>(numels[t]);
     return where == Placement::kAll && numels[t] <= kKeepAll ? shared : nullptr;
   }
@@ -86,10 +94,11 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   return lamb_grad_multiplier(a.inv_scale, norm, a.max_grad_norm);
 }
 
-// T: the params' and grads' dtype; S: that of the values updated and the moments (master_weights.h).
-template <typename T, typename S>
+// T: the params' and grads' dtype; S: that of the values updated (master_weights.h); F: the
+// moments' format (S, or compact: compact_state.h).
+template <typename T, typename S, StateFormat F>
 void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, const Lamb& a) {
+                at::TensorList exp_avg_sqs, const Lamb& a, const CompactArgs& c) {
   using M = opmath_t<T>;
   using V = FVec<T>;
   const size_t n = params.model.size();
@@ -108,23 +117,27 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
                        a.weight_decay != 0.0,
                        a.decoupled};
   };
+  auto m_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avgs, t, 0, 0, true); };
+  auto v_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false); };
   std::vector<double> neg_lr(n);
   for (size_t t = 0; t < n; ++t) neg_lr[t] = -a.tensors[t].lr;
   if (!a.trust_ratio) {  // one pass
     multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
       const auto rule = rule_of(t);
       const V step(static_cast<M>(neg_lr[t]));
-      for_each_block<T>(
-          begin, end,
-          [&](auto& p, auto& g, auto& m, auto& v) {
-            rule.moments(p, g, m, v);
-            rule.apply(p, step, rule.direction(p, m, v));
-          },
-          param_stream<T, S>(params, t), cptr<T>(grads[t]), ptr<S>(exp_avgs[t]), ptr<S>(exp_avg_sqs[t]));
+      with_param_stream<T, S>(params, c, t, [&](auto p) {
+        for_each_chunk<T>(
+            begin, end,
+            [&](auto& pv, auto& g, auto& m, auto& v) {
+              rule.moments(pv, g, m, v);
+              rule.apply(pv, step, rule.direction(pv, m, v));
+            },
+            p, cptr<T>(grads[t]), m_of(t), v_of(t));
+      });
     });
     return;
   }
-  const KeptU<S> kept_u(numels);
+  const KeptU<S> kept_u(numels, F == StateFormat::kPlain);
   multi_tensor_two_pass<2>(
       numels,
       [&](int64_t t, int64_t begin, int64_t end, Placement where) {
@@ -132,7 +145,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
         M* keep = kept_u.at(t, where);
         if (keep != nullptr) keep += begin;
         V p2(0), u2(0);
-        for_each_block<T>(
+        for_each_chunk<T>(
             begin, end,
             [&](auto& p, auto& g, auto& m, auto& v) {
               rule.moments(p, g, m, v);
@@ -144,7 +157,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
                 keep += V::size();
               }
             },
-            cptr<S>(params.values()[t]), cptr<T>(grads[t]), ptr<S>(exp_avgs[t]), ptr<S>(exp_avg_sqs[t]));
+            cptr<S>(params.values()[t]), cptr<T>(grads[t]), m_of(t), v_of(t));
         return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
       },
       [&](int64_t t, const std::array<double, 2>& sums) {
@@ -164,17 +177,24 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
           return;
         }
         const auto rule = rule_of(t);
-        for_each_block<T>(
-            begin, end, [&](auto& p, auto& m, auto& v) { rule.apply(p, step, rule.direction(p, m, v)); },
-            param_stream<T, S>(params, t), cptr<S>(exp_avgs[t]), cptr<S>(exp_avg_sqs[t]));
+        with_param_stream<T, S>(params, c, t, [&](auto p) {
+          for_each_chunk<T>(
+              begin, end, [&](auto& pv, auto& m, auto& v) { rule.apply(pv, step, rule.direction(pv, m, v)); }, p,
+              read_only(m_of(t)), read_only(v_of(t)));
+        });
       });
 }
 
-// Checks, the per-tensor step counters and numbers (lamb_tensor), and the update.
+// Checks, the per-tensor step counters and numbers (lamb_tensor), and the update; absmaxes and
+// keys empty but for the compact twins.
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
-              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, Lamb& a, double lr) {
+              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
+              at::TensorList keys, bool stochastic_state, bool stochastic_params, Lamb& a, double lr) {
   const UpdatedParams params = checked_params(op, model, masters);
-  const auto grads = check_moment_inputs(op, params, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = checked_grads(op, params.model, grads_in);
+  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
+  const int slot = check_state_list(op, "exp_avgs", params, exp_avgs, c, 0);
+  check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   check_steps(op, model, steps);
   const size_t n = model.size();
   a.tensors.resize(n);
@@ -185,20 +205,24 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
     a.tensors[t] = lamb_tensor(lr, corrections.at(a.new_step[t]), a.colossal);
   }
   dispatch_update(params, [&](auto types) {
-    lamb_typed<typename decltype(types)::grad_t, typename decltype(types)::state_t>(params, grads, exp_avgs,
-                                                                                   exp_avg_sqs, a);
+    using T = typename decltype(types)::grad_t;
+    dispatch_format<T>(c, [&](auto format) {
+      lamb_typed<T, typename decltype(types)::state_t, decltype(format)::value>(params, grads, exp_avgs, exp_avg_sqs,
+                                                                               a, c);
+    });
   });
   for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
+  advance_keys(c);
 }
 
-}  // namespace
-
-void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-              at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
-              double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
-              bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
+// lamb_ and its compact twin (absmaxes and keys empty for lamb_).
+void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList steps, at::TensorList master_params, at::TensorList absmaxes, at::TensorList keys,
+               double lr, double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
+               bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb, bool trust_clip,
+               const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state, bool stochastic_params,
+               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
@@ -210,20 +234,73 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
     TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
   }
-  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr);
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys, stochastic_state,
+           stochastic_params, a, lr);
 }
 
-void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                       at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       bool adam, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
-                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+// colossal_lamb_ and its compact twin.
+void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                        at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
+                        double eps, double weight_decay, bool adam, bool bias_correction, bool stochastic_state,
+                        bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
   Lamb a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   a.inv_scale = amp.inv_scale;
-  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr);
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys,
+           stochastic_state, stochastic_params, a, lr);
+}
+
+}  // namespace
+
+void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+              at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+              double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+              bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf) {
+  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps, weight_decay,
+            bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
+            false, false, lr_tensor, grad_scale, found_inf);
+}
+
+void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                      at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
+                      double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
+                      double max_grad_norm, bool use_nvlamb, bool trust_clip,
+                      const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state,
+                      bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
+            eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
+            global_grad_norm, stochastic_state, stochastic_params, lr_tensor, grad_scale, found_inf);
+}
+
+void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, bool adam, bool bias_correction,
+                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                       const std::optional<at::Tensor>& found_inf) {
+  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps,
+                     weight_decay, adam, bias_correction, false, false, lr_tensor, grad_scale, found_inf);
+}
+
+void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                               at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                               at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
+                               double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                               bool stochastic_state, bool stochastic_params,
+                               const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& grad_scale,
+                               const std::optional<at::Tensor>& found_inf) {
+  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,
+                     beta2, eps, weight_decay, adam, bias_correction, stochastic_state, stochastic_params, lr_tensor,
+                     grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

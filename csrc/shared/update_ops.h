@@ -26,7 +26,9 @@
   X(sign_sgd) \
   X(lars) \
   X(colossal_lars) \
-  X(adam)
+  X(adam) \
+  X(lamb) \
+  X(colossal_lamb)
 
 namespace fused_optim {
 
@@ -103,5 +105,21 @@ void adam_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       bool maximize, bool bias_correction, bool stochastic_state, bool stochastic_params,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf);
+void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                      at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
+                      double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
+                      double max_grad_norm, bool use_nvlamb, bool trust_clip,
+                      const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state,
+                      bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                               at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                               at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
+                               double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                               bool stochastic_state, bool stochastic_params,
+                               const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& grad_scale,
+                               const std::optional<at::Tensor>& found_inf);
 
 }  // namespace fused_optim
