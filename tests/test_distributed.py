@@ -132,7 +132,7 @@ def test_resume_from_state_dict_continues_exactly(ranks2, name):
         assert all(torch.equal(a, b) for sa, sb in zip(straight, resumed) for a, b in zip(sa, sb)), f"rank {rank}"
         if name == "powersgd_resume":
             comm = saved["communication"]
-            assert {"memories", "q", "iteration", "generator"} <= comm.keys() and comm["iteration"] == 2
+            assert {"memories", "q_t", "iteration", "generator"} <= comm.keys() and comm["iteration"] == 2
             assert any(m.abs().max() > 0 for m in comm["memories"])
         else:
             assert "generator" in saved and all("memory" in s for s in saved["state"].values())
@@ -215,6 +215,20 @@ def model_of(*shapes, seed=0):
     for i, s in enumerate(shapes):
         model.register_parameter(f"p{i}", torch.nn.Parameter(torch.randn(s, dtype=torch.float64)))
     return model
+
+
+def test_powersgd_loads_the_warm_start_q_of_the_earlier_layout():
+    """Checkpoints from before Q was kept transposed hold each matrix's Q (m × r) under "q": it is
+    loaded as the Qᵀ (r × m) the step uses, not copied flat (which would scramble the warm start
+    without an error)."""
+    opt = d.PowerSGD(model_of((4, 6), (3, 5), (4,)), lr=0.1, rank=2)
+    state = opt.state_dict()
+    gen = torch.Generator().manual_seed(0)
+    qts = [torch.randn(r, m, dtype=torch.float64, generator=gen) for (_, m), r in zip(opt._shapes, opt._ranks)]
+    state["communication"]["q"] = torch.cat([qt.t().reshape(-1) for qt in qts])
+    opt.load_state_dict(state)
+    assert torch.equal(opt.q, torch.cat([qt.reshape(-1) for qt in qts]))
+    assert "q_t" in opt.state_dict()["communication"]
 
 
 def test_single_process_is_the_inner_optimizer():

@@ -149,10 +149,13 @@ class PowerSGD(CommunicatingOptimizer):
 
     def _comm_state(self) -> dict:
         return {"memories": [m.clone() for m in self.memories], "iteration": self.iteration,
-                "generator": self.generator.get_state(), **({} if self.q is None else {"q": self.q.clone()})}
+                "generator": self.generator.get_state(), **({} if self.q is None else {"q_t": self.q.clone()})}
 
     def _load_comm_state(self, state: dict) -> None:
         torch._foreach_copy_(self.memories, list(state["memories"]))
         self.iteration = int(state["iteration"])
         self.generator.set_state(state["generator"])
-        self.q = state["q"].clone() if "q" in state else None
+        self.q = state["q_t"].clone() if "q_t" in state else None
+        if "q" in state:  # an earlier layout: each matrix's Q (m × r), not Qᵀ
+            self.q = torch.cat([q.t().reshape(-1) for q in comm.views(
+                state["q"], [(m, r) for (_, m), r in zip(self._shapes, self._ranks)])])
