@@ -13,6 +13,7 @@
 
 #include "simd_blocks.h"
 #include "master_weights.h"
+#include "state_code_lanes.h"
 #include "../shared/checks.h"
 #include "../shared/primitives.h"
 #include "../shared/state_codes.h"
@@ -30,14 +31,18 @@ namespace fused_optim {
 
 constexpr int64_t kQuantBlock = kQ8Block;
 
-// bf16 <-> fp32 of n elements (the compiler vectorizes these loops; the per-element formats are
-// ../shared/state_codes.h).
+// bf16 <-> fp32 of n elements: kLanes at a time (state_code_lanes.h), the tail by the per-element
+// definitions (../shared/state_codes.h).
 inline void decode_bf16(const c10::BFloat16* in, float* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j] = bf16_value(in[j].x);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_lanes(out + j, load_bf16_lanes(in + j));
+  for (; j < n; ++j) out[j] = bf16_value(in[j].x);
 }
 
 inline void encode_bf16_nearest(const float* in, c10::BFloat16* out, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) out[j].x = bf16_nearest(in[j]);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_bf16_lanes(out + j, bf16_nearest(load_lanes<FLanes>(in + j)));
+  for (; j < n; ++j) out[j].x = bf16_nearest(in[j]);
 }
 
 // Stochastic rounding: elements [at, at + n) of a stream with seed `seed` (state_formats.round_bf16
@@ -45,14 +50,20 @@ inline void encode_bf16_nearest(const float* in, c10::BFloat16* out, int64_t n) 
 inline void encode_bf16_stochastic(const float* in, c10::BFloat16* out, int64_t n, uint32_t seed, int64_t at) {
   const uint32_t s = seed_at(seed, at);
   const auto lo = static_cast<uint32_t>(at);
-  for (int64_t j = 0; j < n; ++j) out[j].x = bf16_stochastic(in[j], random_bits(s, lo + static_cast<uint32_t>(j)));
+  int64_t j = 0;
+  for (ULanes i = lane_index() + lo; j + kLanes <= n; j += kLanes, i += static_cast<uint32_t>(kLanes)) {
+    store_bf16_lanes(out + j, bf16_stochastic(load_lanes<FLanes>(in + j), hash32(i ^ s) & 0xffffu));
+  }
+  for (; j < n; ++j) out[j].x = bf16_stochastic(in[j], random_bits(s, lo + static_cast<uint32_t>(j)));
 }
 
 // One 8-bit block (n <= kQuantBlock elements) to fp32: each byte's entry times absmax / kTop.
 template <bool Signed>
 inline void decode_8bit(const uint8_t* in, float absmax, float* out, int64_t n) {
   const float scale = q8_decode_scale<Signed>(absmax);
-  for (int64_t j = 0; j < n; ++j) out[j] = q8_entry<Signed>(in[j]) * scale;
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_lanes(out + j, q8_entry<Signed>(load_codes(in + j)) * scale);
+  for (; j < n; ++j) out[j] = q8_entry<Signed>(in[j]) * scale;
 }
 
 // One block: its absmax (the largest magnitude; NaN if any is), then each element's byte.
@@ -68,7 +79,8 @@ inline float encode_8bit(const float* in, uint8_t* out, int64_t n) {
   for (const float lane : lanes) absmax = max_of(lane, absmax);
   for (; j < n; ++j) absmax = max_of(std::abs(in[j]), absmax);
   const float inv = q8_encode_scale<Signed>(absmax);
-  for (j = 0; j < n; ++j) out[j] = static_cast<uint8_t>(q8_encode<Signed>(in[j], inv));
+  for (j = 0; j + kLanes <= n; j += kLanes) store_codes(out + j, q8_encode<Signed>(load_lanes<FLanes>(in + j), inv));
+  for (; j < n; ++j) out[j] = static_cast<uint8_t>(q8_encode<Signed>(in[j], inv));
   return absmax;
 }
 

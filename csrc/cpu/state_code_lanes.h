@@ -1,0 +1,122 @@
+// The element formats of compact state (../shared/state_codes.h) on SIMD lanes: the same integer
+// and fp32 operations as the scalar definitions, lane by lane, so every lane's result is bit for
+// bit the scalar function's (tests/test_state_dtype.py checks every byte and rounding boundary).
+// The lanes are GCC vector types as wide as at::vec::Vectorized<float> (16 on AVX-512, 8 on
+// AVX2): the compiler emits one instruction per operation at that width, no per-element loop for
+// the auto-vectorizer to miss (the scalar code's selects and clamps it left scalar).
+#pragma once
+
+#include "simd_blocks.h"
+#include "../shared/state_codes.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace fused_optim {
+
+constexpr int kLanes = at::vec::Vectorized<float>::size();
+
+typedef float FLanes __attribute__((vector_size(4 * kLanes)));
+typedef uint32_t ULanes __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t HLanes __attribute__((vector_size(2 * kLanes)));
+typedef uint8_t BLanes __attribute__((vector_size(kLanes)));
+
+// Bit casts and a lane mask (comparisons give -1 / 0 per lane) as unsigned lanes.
+C10_ALWAYS_INLINE ULanes bits_of(FLanes x) { return reinterpret_cast<ULanes>(x); }
+C10_ALWAYS_INLINE FLanes float_of(ULanes b) { return reinterpret_cast<FLanes>(b); }
+template <typename Mask>
+C10_ALWAYS_INLINE ULanes mask_of(Mask m) { return reinterpret_cast<ULanes>(m); }
+C10_ALWAYS_INLINE ULanes splat(uint32_t x) { return ULanes{} + x; }
+
+template <typename Lanes, typename Scalar>
+C10_ALWAYS_INLINE Lanes load_lanes(const Scalar* p) {
+  Lanes x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+
+template <typename Lanes, typename Scalar>
+C10_ALWAYS_INLINE void store_lanes(Scalar* p, Lanes x) {
+  std::memcpy(p, &x, sizeof x);
+}
+
+// ---- 8-bit (q8_encode, q8_entry) ------------------------------------------------------------
+
+template <bool Signed>
+C10_ALWAYS_INLINE ULanes q8_encode(FLanes x, float inv_scale) {
+  using C = Q8Code<Signed>;
+  const ULanes bx = bits_of(x);
+  const FLanes y = float_of(bx & 0x7fffffffu) * inv_scale;
+  const ULanes b = bits_of(y);
+  const ULanes normal = ((b + ((1u << (C::kShift - 1)) - 1u) + ((b >> C::kShift) & 1u)) >> C::kShift) - C::kBias;
+  const ULanes subnormal = bits_of(y * (1.0f / C::kSubnormalStep) + 8388608.0f) - 0x4b000000u;
+  const ULanes small = mask_of(b < kQ8SmallestNormal);
+  ULanes m = (subnormal & small) | (normal & ~small);
+  const ULanes over = mask_of(m > C::kMaxMagnitude);
+  m = (m & ~over) | (C::kMaxMagnitude & over);
+  if constexpr (Signed) {
+    return m | ((bx >> 31) << 7);
+  } else {
+    return m | (mask_of((m == 0u) & ((bx & 0x7fffffffu) != 0u)) & 1u);
+  }
+}
+
+template <bool Signed>
+C10_ALWAYS_INLINE FLanes q8_entry(ULanes code) {
+  using C = Q8Code<Signed>;
+  const ULanes m = Signed ? code & 0x7fu : code;
+  const ULanes subnormal = mask_of(m < (1u << C::kMantissa));
+  const ULanes lifted = subnormal & (1u << C::kMantissa);
+  const FLanes magnitude = float_of(((m | lifted) + C::kBias) << C::kShift) - float_of(subnormal & kQ8SmallestNormal);
+  if constexpr (Signed) return float_of(bits_of(magnitude) | ((code >> 7) << 31));
+  return magnitude;
+}
+
+// kLanes bytes <-> lanes.
+C10_ALWAYS_INLINE ULanes load_codes(const uint8_t* p) {
+  return __builtin_convertvector(load_lanes<BLanes>(p), ULanes);
+}
+
+C10_ALWAYS_INLINE void store_codes(uint8_t* p, ULanes codes) {
+  store_lanes(p, __builtin_convertvector(codes, BLanes));  // every code < 256
+}
+
+// ---- bf16 (bf16_nearest, bf16_stochastic, hash32) --------------------------------------------
+
+C10_ALWAYS_INLINE ULanes hash32(ULanes x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+C10_ALWAYS_INLINE ULanes bf16_nearest(FLanes x) {
+  const ULanes b = bits_of(x);
+  const ULanes nan = mask_of(x != x);
+  return (splat(0x7fc0u) & nan) | (((b + 0x7fffu + ((b >> 16) & 1u)) >> 16) & ~nan);
+}
+
+C10_ALWAYS_INLINE ULanes bf16_stochastic(FLanes x, ULanes bits) {
+  const ULanes b = bits_of(x);
+  const ULanes nan = mask_of(x != x);
+  return (((b >> 16) | 0x40u) & nan) | (((b + bits) >> 16) & ~nan);
+}
+
+C10_ALWAYS_INLINE FLanes load_bf16_lanes(const c10::BFloat16* p) {
+  return float_of(__builtin_convertvector(load_lanes<HLanes>(p), ULanes) << 16);
+}
+
+C10_ALWAYS_INLINE void store_bf16_lanes(c10::BFloat16* p, ULanes bits) {
+  store_lanes(p, __builtin_convertvector(bits, HLanes));  // every value < 2^16
+}
+
+// The lane offsets 0, 1, ..., kLanes - 1.
+C10_ALWAYS_INLINE ULanes lane_index() {
+  ULanes i;
+  for (int k = 0; k < kLanes; ++k) i[k] = static_cast<uint32_t>(k);
+  return i;
+}
+
+}  // namespace fused_optim
