@@ -72,13 +72,28 @@ C10_ALWAYS_INLINE FLanes q8_entry(ULanes code) {
   return magnitude;
 }
 
-// kLanes bytes <-> lanes.
+// kLanes bytes <-> lanes, by the ISA's widening / narrowing moves (GCC 12 builds
+// __builtin_convertvector's widening from one insert per lane).
 C10_ALWAYS_INLINE ULanes load_codes(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return reinterpret_cast<ULanes>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(CPU_CAPABILITY_AVX2)
+  return reinterpret_cast<ULanes>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
   return __builtin_convertvector(load_lanes<BLanes>(p), ULanes);
+#endif
 }
 
-C10_ALWAYS_INLINE void store_codes(uint8_t* p, ULanes codes) {
-  store_lanes(p, __builtin_convertvector(codes, BLanes));  // every code < 256
+C10_ALWAYS_INLINE void store_codes(uint8_t* p, ULanes codes) {  // every code < 256
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(reinterpret_cast<__m512i>(codes)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const auto x = reinterpret_cast<__m256i>(codes);
+  const __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), _mm_packus_epi16(words, words));
+#else
+  store_lanes(p, __builtin_convertvector(codes, BLanes));
+#endif
 }
 
 // ---- bf16 (bf16_nearest, bf16_stochastic, hash32) --------------------------------------------
@@ -105,11 +120,25 @@ C10_ALWAYS_INLINE ULanes bf16_stochastic(FLanes x, ULanes bits) {
 }
 
 C10_ALWAYS_INLINE FLanes load_bf16_lanes(const c10::BFloat16* p) {
-  return float_of(__builtin_convertvector(load_lanes<HLanes>(p), ULanes) << 16);
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  const ULanes x = __builtin_convertvector(load_lanes<HLanes>(p), ULanes);
+#endif
+  return float_of(reinterpret_cast<ULanes>(x) << 16);
 }
 
-C10_ALWAYS_INLINE void store_bf16_lanes(c10::BFloat16* p, ULanes bits) {
-  store_lanes(p, __builtin_convertvector(bits, HLanes));  // every value < 2^16
+C10_ALWAYS_INLINE void store_bf16_lanes(c10::BFloat16* p, ULanes bits) {  // every value < 2^16
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(reinterpret_cast<__m512i>(bits)));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const auto x = reinterpret_cast<__m256i>(bits);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm_packus_epi32(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1)));
+#else
+  store_lanes(p, __builtin_convertvector(bits, HLanes));
+#endif
 }
 
 // The lane offsets 0, 1, ..., kLanes - 1.
