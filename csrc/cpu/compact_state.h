@@ -66,17 +66,16 @@ inline void decode_8bit(const uint8_t* in, float absmax, float* out, int64_t n) 
   for (; j < n; ++j) out[j] = q8_entry<Signed>(in[j]) * scale;
 }
 
-// One block: its absmax (the largest magnitude; NaN if any is), then each element's byte.
+// One block: its absmax (the largest magnitude; a NaN if any is), then each element's byte.
 template <bool Signed>
 inline float encode_8bit(const float* in, uint8_t* out, int64_t n) {
-  using Vec = at::vec::Vectorized<float>;
-  Vec most(0.0f);
+  ULanes most[2] = {};  // two chains of maxima in flight
   int64_t j = 0;
-  for (; j + Vec::size() <= n; j += Vec::size()) most = at::vec::maximum(most, Vec::loadu(in + j).abs());
-  float lanes[Vec::size()];
-  most.store(lanes);
-  float absmax = 0.0f;
-  for (const float lane : lanes) absmax = max_of(lane, absmax);
+  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
+    most[0] = max_magnitude(most[0], load_lanes<FLanes>(in + j));
+    most[1] = max_magnitude(most[1], load_lanes<FLanes>(in + j + kLanes));
+  }
+  float absmax = max_lane(max_magnitude(most[0], float_of(most[1])));
   for (; j < n; ++j) absmax = max_of(std::abs(in[j]), absmax);
   const float inv = q8_encode_scale<Signed>(absmax);
   for (j = 0; j + kLanes <= n; j += kLanes) store_codes(out + j, q8_encode<Signed>(load_lanes<FLanes>(in + j), inv));
