@@ -4,9 +4,12 @@
 // ../shared/state_codes.h (shared with the CUDA kernels).
 //
 // One mechanism for every format: for_each_chunk() walks [begin, end) of a tensor in chunks of
-// kQuantBlock elements that never straddle an 8-bit block. Each compact stream decodes its chunk
-// into an fp32 stack buffer (cache-resident), the op's unchanged for_each_block/rule runs over
-// the buffers and the plain streams, and each mutable compact stream encodes its buffer back.
+// kQuantBlock elements that never straddle an 8-bit block. Each bf16 stream decodes its chunk
+// into an fp32 stack buffer (cache-resident); an 8-bit stream is decoded block by block in
+// registers as the op's unchanged for_each_block/rule loads it (Q8Codes), and its updated values
+// go to the buffer with their largest magnitude (Q8Chunk). Then each mutable compact stream
+// encodes its buffer back: the 8-bit bytes with the absmax already known. Encoding and decoding
+// run on SIMD lanes (state_code_lanes.h), bit for bit the per-element definitions.
 // The launchers cut tensors between threads only at multiples of kAlign (multi_tensor.h), itself
 // a multiple of kQuantBlock: a block is encoded by the one thread that owns it.
 #pragma once
@@ -21,8 +24,10 @@
 #include <ATen/core/List.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -57,30 +62,13 @@ inline void encode_bf16_stochastic(const float* in, c10::BFloat16* out, int64_t 
   for (; j < n; ++j) out[j].x = bf16_stochastic(in[j], random_bits(s, lo + static_cast<uint32_t>(j)));
 }
 
-// One 8-bit block (n <= kQuantBlock elements) to fp32: each byte's entry times absmax / kTop.
+// One block's bytes (n <= kQuantBlock elements) given its absmax.
 template <bool Signed>
-inline void decode_8bit(const uint8_t* in, float absmax, float* out, int64_t n) {
-  const float scale = q8_decode_scale<Signed>(absmax);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) store_lanes(out + j, q8_entry<Signed>(load_codes(in + j)) * scale);
-  for (; j < n; ++j) out[j] = q8_entry<Signed>(in[j]) * scale;
-}
-
-// One block: its absmax (the largest magnitude; a NaN if any is), then each element's byte.
-template <bool Signed>
-inline float encode_8bit(const float* in, uint8_t* out, int64_t n) {
-  ULanes most[2] = {};  // two chains of maxima in flight
-  int64_t j = 0;
-  for (; j + 2 * kLanes <= n; j += 2 * kLanes) {
-    most[0] = max_magnitude(most[0], load_lanes<FLanes>(in + j));
-    most[1] = max_magnitude(most[1], load_lanes<FLanes>(in + j + kLanes));
-  }
-  float absmax = max_lane(max_magnitude(most[0], float_of(most[1])));
-  for (; j < n; ++j) absmax = max_of(std::abs(in[j]), absmax);
+inline void encode_8bit(const float* in, float absmax, uint8_t* out, int64_t n) {
   const float inv = q8_encode_scale<Signed>(absmax);
-  for (j = 0; j + kLanes <= n; j += kLanes) store_codes(out + j, q8_encode<Signed>(load_lanes<FLanes>(in + j), inv));
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_codes(out + j, q8_encode<Signed>(load_lanes<FLanes>(in + j), inv));
   for (; j < n; ++j) out[j] = static_cast<uint8_t>(q8_encode<Signed>(in[j], inv));
-  return absmax;
 }
 
 // ---- compact streams (for_each_chunk) --------------------------------------------------------
@@ -138,16 +126,90 @@ struct Opened<SrParam> : ChunkBuffer {
   void out(const SrParam& s, int64_t at, int64_t n) const { encode_bf16_stochastic(buf, s.data + at, n, s.seed, at); }
 };
 
+// An 8-bit chunk as a stream of for_each_block: each SIMD block decoded from its bytes in
+// registers (Q8Codes; read-only), and for a mutable stream (Q8Chunk) each updated block stored as
+// fp32 to the chunk's buffer and its magnitudes folded into the running maximum `most`, so that
+// out() has the absmax and only encodes.
+struct Q8Codes {
+  const uint8_t* codes;
+  float scale;  // absmax / kTop
+  bool is_signed;
+};
+
+struct Q8Chunk : Q8Codes {
+  float* values;
+  ULanes* most;
+};
+
+C10_ALWAYS_INLINE Q8Codes advance(const Q8Codes& s, int64_t i) { return {s.codes + i, s.scale, s.is_signed}; }
+C10_ALWAYS_INLINE Q8Chunk advance(const Q8Chunk& s, int64_t i) { return {advance(static_cast<const Q8Codes&>(s), i), s.values + i, s.most}; }
+
+C10_ALWAYS_INLINE at::vec::Vectorized<float> decode_lanes(const Q8Codes& s, int64_t at) {
+  const ULanes codes = load_codes(s.codes + at);
+  const FLanes entries = s.is_signed ? q8_entry<true>(codes) : q8_entry<false>(codes);
+  return at::vec::Vectorized<float>::loadu(&entries) * at::vec::Vectorized<float>(s.scale);
+}
+
+template <typename T>
+C10_ALWAYS_INLINE Block<T> load_as(const Q8Codes& s) {
+  Block<T> b;
+  for (int h = 0; h < kHalves<T>; ++h) b.v[h] = decode_lanes(s, h * kLanes);
+  return b;
+}
+
+template <typename T>
+C10_ALWAYS_INLINE void store_as(const Q8Codes&, const Block<T>&) {}
+
+template <typename T>
+C10_ALWAYS_INLINE void store_as(const Q8Chunk& s, const Block<T>& b) {
+  for (int h = 0; h < kHalves<T>; ++h) {
+    b.v[h].store(s.values + h * kLanes);
+    FLanes x;
+    b.v[h].store(&x);
+    *s.most = max_magnitude(*s.most, x);
+  }
+}
+
+// The tail of a chunk (for_each_block's staging): its bytes copied to a zero-padded block; the
+// values of a Q8Chunk copied back and only those folded into the maximum.
+template <int64_t L>
+struct Staging<Q8Codes, L> {
+  std::array<uint8_t, L> codes{};
+  Q8Codes in(const Q8Codes& s, int64_t n) {
+    std::memcpy(codes.data(), s.codes, n);
+    return {codes.data(), s.scale, s.is_signed};
+  }
+  void out(const Q8Codes&, int64_t) const {}
+};
+
+template <int64_t L>
+struct Staging<Q8Chunk, L> {
+  Staging<Q8Codes, L> codes;
+  std::array<float, L> values{};
+  ULanes most{};
+  Q8Chunk in(const Q8Chunk& s, int64_t n) { return {codes.in(s, n), values.data(), &most}; }
+  void out(const Q8Chunk& s, int64_t n) const {
+    std::memcpy(s.values, values.data(), n * sizeof(float));
+    for (int64_t j = 0; j < n; ++j) (*s.most)[0] = max_magnitude(*s.most, FLanes{} + values[j])[0];
+  }
+};
+
+inline Q8Codes q8_codes(const Q8State& s, int64_t at) {
+  const float absmax = s.absmax[at / kQuantBlock];
+  return {s.codes + at, s.is_signed ? q8_decode_scale<true>(absmax) : q8_decode_scale<false>(absmax), s.is_signed};
+}
+
 template <>
 struct Opened<Q8State> : ChunkBuffer {
-  float* in(const Q8State& s, int64_t at, int64_t n) {
-    const float absmax = s.absmax[at / kQuantBlock];
-    s.is_signed ? decode_8bit<true>(s.codes + at, absmax, buf, n) : decode_8bit<false>(s.codes + at, absmax, buf, n);
-    return buf;
+  ULanes most;
+  Q8Chunk in(const Q8State& s, int64_t at, int64_t) {
+    most = ULanes{};
+    return {q8_codes(s, at), buf, &most};
   }
   void out(const Q8State& s, int64_t at, int64_t n) const {
-    s.absmax[at / kQuantBlock] =
-        s.is_signed ? encode_8bit<true>(buf, s.codes + at, n) : encode_8bit<false>(buf, s.codes + at, n);
+    const float absmax = max_lane(most);
+    s.absmax[at / kQuantBlock] = absmax;
+    s.is_signed ? encode_8bit<true>(buf, absmax, s.codes + at, n) : encode_8bit<false>(buf, absmax, s.codes + at, n);
   }
 };
 
@@ -171,6 +233,12 @@ template <typename Stream>
 struct Opened<ReadOnly<Stream>> : Opened<Stream> {
   float* in(const ReadOnly<Stream>& s, int64_t at, int64_t n) { return Opened<Stream>::in(s.stream, at, n); }
   void out(const ReadOnly<Stream>&, int64_t, int64_t) const {}
+};
+
+template <>
+struct Opened<ReadOnly<Q8State>> {
+  Q8Codes in(const ReadOnly<Q8State>& s, int64_t at, int64_t) const { return q8_codes(s.stream, at); }
+  void out(const ReadOnly<Q8State>&, int64_t, int64_t) const {}
 };
 
 template <typename Stream>
