@@ -4,12 +4,12 @@
 // ../shared/state_codes.h (shared with the CUDA kernels).
 //
 // One mechanism for every format: for_each_chunk() walks [begin, end) of a tensor in chunks of
-// kQuantBlock elements that never straddle an 8-bit block. Each bf16 stream decodes its chunk
-// into an fp32 stack buffer (cache-resident); an 8-bit stream is decoded block by block in
-// registers as the op's unchanged for_each_block/rule loads it (Q8Codes), and its updated values
-// go to the buffer with their largest magnitude (Q8Chunk). Then each mutable compact stream
-// encodes its buffer back: the 8-bit bytes with the absmax already known. Encoding and decoding
-// run on SIMD lanes (state_code_lanes.h), bit for bit the per-element definitions.
+// kQuantBlock elements that never straddle an 8-bit block, and runs the op's unchanged
+// for_each_block/rule over each chunk with its compact streams as streams of for_each_block that
+// decode as the rule loads a SIMD block and (bf16) encode as it stores one: no pass of their own.
+// An 8-bit stream stores the updated values to an fp32 stack buffer with their largest magnitude,
+// and after the rule encodes the buffer with that absmax. Encoding and decoding run on SIMD lanes
+// (state_code_lanes.h), bit for bit the per-element definitions.
 // The launchers cut tensors between threads only at multiples of kAlign (multi_tensor.h), itself
 // a multiple of kQuantBlock: a block is encoded by the one thread that owns it.
 #pragma once
@@ -35,32 +35,6 @@
 namespace fused_optim {
 
 constexpr int64_t kQuantBlock = kQ8Block;
-
-// bf16 <-> fp32 of n elements: kLanes at a time (state_code_lanes.h), the tail by the per-element
-// definitions (../shared/state_codes.h).
-inline void decode_bf16(const c10::BFloat16* in, float* out, int64_t n) {
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) store_lanes(out + j, load_bf16_lanes(in + j));
-  for (; j < n; ++j) out[j] = bf16_value(in[j].x);
-}
-
-inline void encode_bf16_nearest(const float* in, c10::BFloat16* out, int64_t n) {
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) store_bf16_lanes(out + j, bf16_nearest(load_lanes<FLanes>(in + j)));
-  for (; j < n; ++j) out[j].x = bf16_nearest(in[j]);
-}
-
-// Stochastic rounding: elements [at, at + n) of a stream with seed `seed` (state_formats.round_bf16
-// with random_bits).
-inline void encode_bf16_stochastic(const float* in, c10::BFloat16* out, int64_t n, uint32_t seed, int64_t at) {
-  const uint32_t s = seed_at(seed, at);
-  const auto lo = static_cast<uint32_t>(at);
-  int64_t j = 0;
-  for (ULanes i = lane_index() + lo; j + kLanes <= n; j += kLanes, i += static_cast<uint32_t>(kLanes)) {
-    store_bf16_lanes(out + j, bf16_stochastic(load_lanes<FLanes>(in + j), hash32(i ^ s) & 0xffffu));
-  }
-  for (; j < n; ++j) out[j].x = bf16_stochastic(in[j], random_bits(s, lo + static_cast<uint32_t>(j)));
-}
 
 // One block's bytes (n <= kQuantBlock elements) given its absmax.
 template <bool Signed>
@@ -93,37 +67,104 @@ struct SrParam {
   uint32_t seed;
 };
 
-// How for_each_chunk opens a stream for one chunk [at, at + n) of its tensor: a plain stream is
-// advanced (Opened::in), a compact one decoded into `buf`; out() encodes a mutable one back.
+// How for_each_chunk opens a stream for one chunk [at, at + n) of its tensor: Opened::in gives
+// the chunk's stream for for_each_block (a plain stream advanced, a compact one as one of the
+// stream types below); out() finishes the chunk (an 8-bit one: its bytes and absmax).
 template <typename Stream>
 struct Opened {
   Stream in(const Stream& s, int64_t at, int64_t) const { return advance(s, at); }
   void out(const Stream&, int64_t, int64_t) const {}
 };
 
-struct ChunkBuffer {
-  alignas(64) float buf[kQuantBlock];
+// A bf16 chunk as a stream of for_each_block: widened to fp32 as the rule loads it, rounded
+// (to nearest even, or stochastically with the random bits of each element's index) as it stores
+// it. Bf16Read: the same, read-only.
+struct Bf16Read {
+  const c10::BFloat16* data;
+};
+
+struct Bf16Values {
+  c10::BFloat16* data;
+  uint32_t seed;   // seed_at(the stream's seed, index): constant over 2^32 elements, so over a chunk
+  uint32_t index;  // the low 32 bits of the first element's index
+  bool stochastic;
+};
+
+C10_ALWAYS_INLINE Bf16Read advance(const Bf16Read& s, int64_t i) { return {s.data + i}; }
+C10_ALWAYS_INLINE Bf16Values advance(const Bf16Values& s, int64_t i) {
+  return {s.data + i, s.seed, s.index + static_cast<uint32_t>(i), s.stochastic};
+}
+
+template <typename T, typename S>
+C10_ALWAYS_INLINE Block<T> load_bf16_block(const S& s) {
+  Block<T> b;
+  for (int h = 0; h < kHalves<T>; ++h) {
+    const FLanes x = load_bf16_lanes(s.data + h * kLanes);
+    b.v[h] = at::vec::Vectorized<float>::loadu(&x);
+  }
+  return b;
+}
+
+template <typename T>
+C10_ALWAYS_INLINE Block<T> load_as(const Bf16Read& s) {
+  return load_bf16_block<T>(s);
+}
+
+template <typename T>
+C10_ALWAYS_INLINE Block<T> load_as(const Bf16Values& s) {
+  return load_bf16_block<T>(s);
+}
+
+template <typename T>
+C10_ALWAYS_INLINE void store_as(const Bf16Read&, const Block<T>&) {}
+
+template <typename T>
+C10_ALWAYS_INLINE void store_as(const Bf16Values& s, const Block<T>& b) {
+  for (int h = 0; h < kHalves<T>; ++h) {
+    FLanes x;
+    b.v[h].store(&x);
+    const ULanes i = lane_index() + (s.index + static_cast<uint32_t>(h * kLanes));
+    store_bf16_lanes(s.data + h * kLanes, s.stochastic ? bf16_stochastic(x, hash32(i ^ s.seed) & 0xffffu)
+                                                       : bf16_nearest(x));
+  }
+}
+
+// The tail of a chunk (for_each_block's staging): copied to a zero-padded block and back; the
+// lanes keep their elements' indices.
+template <int64_t L>
+struct Staging<Bf16Read, L> {
+  std::array<c10::BFloat16, L> data{};
+  Bf16Read in(const Bf16Read& s, int64_t n) {
+    std::memcpy(data.data(), s.data, n * sizeof(c10::BFloat16));
+    return {data.data()};
+  }
+  void out(const Bf16Read&, int64_t) const {}
+};
+
+template <int64_t L>
+struct Staging<Bf16Values, L> {
+  std::array<c10::BFloat16, L> data{};
+  Bf16Values in(const Bf16Values& s, int64_t n) {
+    std::memcpy(data.data(), s.data, n * sizeof(c10::BFloat16));
+    return {data.data(), s.seed, s.index, s.stochastic};
+  }
+  void out(const Bf16Values& s, int64_t n) const { std::memcpy(s.data, data.data(), n * sizeof(c10::BFloat16)); }
+};
+
+inline Bf16Values bf16_values(c10::BFloat16* data, uint32_t seed, bool stochastic, int64_t at) {
+  return {data + at, seed_at(seed, at), static_cast<uint32_t>(at), stochastic};
+}
+
+template <>
+struct Opened<Bf16State> {
+  Bf16Values in(const Bf16State& s, int64_t at, int64_t) const { return bf16_values(s.data, s.seed, s.stochastic, at); }
+  void out(const Bf16State&, int64_t, int64_t) const {}
 };
 
 template <>
-struct Opened<Bf16State> : ChunkBuffer {
-  float* in(const Bf16State& s, int64_t at, int64_t n) {
-    decode_bf16(s.data + at, buf, n);
-    return buf;
-  }
-  void out(const Bf16State& s, int64_t at, int64_t n) const {
-    if (s.stochastic) return encode_bf16_stochastic(buf, s.data + at, n, s.seed, at);
-    encode_bf16_nearest(buf, s.data + at, n);
-  }
-};
-
-template <>
-struct Opened<SrParam> : ChunkBuffer {
-  float* in(const SrParam& s, int64_t at, int64_t n) {
-    decode_bf16(s.data + at, buf, n);
-    return buf;
-  }
-  void out(const SrParam& s, int64_t at, int64_t n) const { encode_bf16_stochastic(buf, s.data + at, n, s.seed, at); }
+struct Opened<SrParam> {
+  Bf16Values in(const SrParam& s, int64_t at, int64_t) const { return bf16_values(s.data, s.seed, true, at); }
+  void out(const SrParam&, int64_t, int64_t) const {}
 };
 
 // An 8-bit chunk as a stream of for_each_block: each SIMD block decoded from its bytes in
@@ -200,7 +241,8 @@ inline Q8Codes q8_codes(const Q8State& s, int64_t at) {
 }
 
 template <>
-struct Opened<Q8State> : ChunkBuffer {
+struct Opened<Q8State> {
+  alignas(64) float buf[kQuantBlock];
   ULanes most;
   Q8Chunk in(const Q8State& s, int64_t at, int64_t) {
     most = ULanes{};
@@ -214,7 +256,7 @@ struct Opened<Q8State> : ChunkBuffer {
 };
 
 // A compact stream that is read, never written back (LAMB's second pass reads the moments its
-// first pass stored): decoded per chunk, not encoded. read_only() makes one of any stream.
+// first pass stored): decoded, not encoded. read_only() makes one of any stream.
 template <typename Stream>
 struct ReadOnly {
   Stream stream;
@@ -229,10 +271,10 @@ auto read_only(const Stream& s) {
   }
 }
 
-template <typename Stream>
-struct Opened<ReadOnly<Stream>> : Opened<Stream> {
-  float* in(const ReadOnly<Stream>& s, int64_t at, int64_t n) { return Opened<Stream>::in(s.stream, at, n); }
-  void out(const ReadOnly<Stream>&, int64_t, int64_t) const {}
+template <>
+struct Opened<ReadOnly<Bf16State>> {
+  Bf16Read in(const ReadOnly<Bf16State>& s, int64_t at, int64_t) const { return {s.stream.data + at}; }
+  void out(const ReadOnly<Bf16State>&, int64_t, int64_t) const {}
 };
 
 template <>
