@@ -76,14 +76,17 @@ C10_ALWAYS_INLINE float max_lane(ULanes most) {
   return float_of(m);
 }
 
+// A subnormal m's entry as m * step (the scalar code's difference of two fp32 values is that
+// product, exact either way): fewer instructions.
 template <bool Signed>
 C10_ALWAYS_INLINE FLanes q8_entry(ULanes code) {
   using C = Q8Code<Signed>;
+  typedef int32_t ILanes __attribute__((vector_size(4 * kLanes)));
   const ULanes m = Signed ? code & 0x7fu : code;
-  const ULanes subnormal = mask_of(m < (1u << C::kMantissa));
-  const ULanes lifted = subnormal & (1u << C::kMantissa);
-  const FLanes magnitude = float_of(((m | lifted) + C::kBias) << C::kShift) - float_of(subnormal & kQ8SmallestNormal);
-  if constexpr (Signed) return float_of(bits_of(magnitude) | ((code >> 7) << 31));
+  const FLanes normal = float_of((m + C::kBias) << C::kShift);
+  const FLanes subnormal = __builtin_convertvector(reinterpret_cast<ILanes>(m), FLanes) * C::kSubnormalStep;
+  const FLanes magnitude = m < (1u << C::kMantissa) ? subnormal : normal;
+  if constexpr (Signed) return float_of(bits_of(magnitude) | ((code << 24) & 0x80000000u));
   return magnitude;
 }
 
