@@ -114,16 +114,7 @@ C10_ALWAYS_INLINE void store_codes(uint8_t* p, ULanes codes) {  // every code < 
 #endif
 }
 
-// ---- bf16 (bf16_nearest, bf16_stochastic, hash32) --------------------------------------------
-
-C10_ALWAYS_INLINE ULanes hash32(ULanes x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+// ---- bf16 (bf16_nearest, bf16_stochastic; hash32 is state_codes.h's template) -------------------
 
 C10_ALWAYS_INLINE ULanes bf16_nearest(FLanes x) {
   const ULanes b = bits_of(x);

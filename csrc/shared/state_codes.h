@@ -99,8 +99,10 @@ FUSED_OPTIM_HD float q8_decode_scale(float absmax) {
 
 // ---- bf16 and stochastic rounding ---------------------------------------------------------
 
-// The bijective 32-bit mix of the random bits (state_formats.hash32).
-FUSED_OPTIM_HD uint32_t hash32(uint32_t x) {
+// The bijective 32-bit mix of the random bits (state_formats.hash32), of a uint32_t or of SIMD
+// lanes of them (csrc/cpu/state_code_lanes.h).
+template <typename U>
+FUSED_OPTIM_HD U hash32(U x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
