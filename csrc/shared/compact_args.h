@@ -77,7 +77,7 @@ inline int check_state_list(const char* op, const char* what, const UpdatedParam
 inline CompactArgs compact_args(const char* op, const UpdatedParams& params, at::TensorList first,
                                 at::TensorList absmaxes, at::TensorList keys, bool stochastic_state,
                                 bool stochastic_params) {
-  CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params};
+  CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params, StateFormat::kPlain, {}};
   const auto values = params.values();
   if (!first.empty()) c.format = format_of(first[0].scalar_type(), values[0].scalar_type());
   // bf16 state of bf16 params rounded stochastically: decoded and encoded like bf16 state of fp32
