@@ -28,9 +28,11 @@ CASES = [
     ("adam_", "8bit", torch.float16, False, False, False, False),
     ("adam_", "8bit", torch.bfloat16, False, True, False, False),
     ("adam_", "bf16", torch.bfloat16, True, True, False, False),
+    ("adam_", "bf16", torch.bfloat16, True, False, False, False),  # stochastic state, params to nearest
     ("adam_", "8bit", torch.bfloat16, False, False, False, True),
     ("sgd_", "bf16", torch.float32, False, False, False, False),
     ("sgd_", "8bit", torch.float32, False, False, False, False),
+    ("sgd_", "bf16", torch.float16, False, False, False, False),
     ("sgd_", "bf16", torch.bfloat16, False, True, False, False),  # bf16 params' own bf16 buffers
     ("sgd_", "8bit", torch.bfloat16, False, True, False, False),
     ("sgd_", "bf16", torch.bfloat16, True, False, False, True),
