@@ -74,7 +74,7 @@ for _name, _variants in UPDATE_OPS.items():
     _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
-# The compact twins (bf16 / 8-bit state, stochastic rounding): CPU kernels only, no bucket twin.
+# The compact twins (bf16 / 8-bit state, stochastic rounding): list ops only, no bucket twin.
 COMPACT_OPS = {spec.compact_name: spec.compact_schema() for spec in SPECS.values() if spec.compact}
 for _name, _schema in COMPACT_OPS.items():
     _lib.define(_name + _schema)
@@ -102,7 +102,7 @@ _lib.define("grad_sum_squares_(Tensor(a!) sums, Tensor[] params, int[] index) ->
 # The CUDA binding compiled for the CPU (csrc/emulation) registers its ops, the list ops and the
 # norms, for CPU tensors in a namespace of its own: the real CPU ops are never touched.
 EMULATED_CUDA = "fused_optim_emulated_cuda"
-EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()},
+EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()}, **COMPACT_OPS,
                      "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
 _emulated_lib: torch.library.Library | None = None
 _emulating = 0  # depth of routed_to_emulated_cuda() blocks
