@@ -79,6 +79,17 @@ def test_decentralized_ranks_differ_and_centralized_agree(ranks4):
     assert all(torch.equal(central[0], c) for c in central)
 
 
+def test_decentralized_buckets_in_flight_follow_the_single_bucket(ranks4):
+    """The ring with one bucket per tensor (the params sent in place) or small buckets, all
+    exchanged before the first wait: the same sums in the same order as one bucket, bit for bit."""
+    for result in ranks4:
+        one_bucket = result["golden"]["decentralized_ring_4"]
+        for name, run in result["checks"]["ring_buckets"].items():
+            assert not isinstance(run, str), f"{name} raised: {run}"
+            for step_a, step_b in zip(run, one_bucket, strict=True):
+                assert all(torch.equal(a, b) for a, b in zip(step_a, step_b)), name
+
+
 def test_powersgd_at_full_rank_is_the_exact_average(ranks2):
     """rank ≥ min(n, m) for every matrix: PowerSGD follows CentralizedSGD (exact all-reduce)."""
     for rank, result in enumerate(ranks2):

@@ -33,7 +33,9 @@ class DecentralizedSGD(CommunicatingOptimizer):
         p_i ← (p_i + Σ_{j ∈ N(i)} p_j) / (|N(i)| + 1)
 
     The params travel in flat buckets, exchanged with each neighbour by non-blocking
-    ``isend`` / ``irecv``. The neighbour lists must form an undirected graph (j ∈ N(i) ⇔ i ∈ N(j)),
+    ``isend`` / ``irecv`` (tagged with the bucket's index), every bucket's exchange started before
+    the first is waited for; the neighbours' buckets are added to the params in place, in the
+    order of ``neighbors``. The neighbour lists must form an undirected graph (j ∈ N(i) ⇔ i ∈ N(j)),
     without self-loops, repeats or ranks outside the group: checked at construction on every rank
     with one all_gather, which raises the same error everywhere.
 
@@ -61,6 +63,9 @@ class DecentralizedSGD(CommunicatingOptimizer):
         self.by_layer = by_layer
         self.bucket_cap_mb = bucket_cap_mb
         self._communicates_before = False
+        # the packed buckets and, per neighbour, the received ones, kept from step to step (comm.reusable)
+        self._sent: list = []
+        self._received: list[list] = [[] for _ in self.neighbors]
         world = comm.world_size_of(None, "DecentralizedSGD")
         actual = dist.get_rank() if world > 1 or dist.is_initialized() else 0
         if rank is None:
@@ -103,15 +108,19 @@ class DecentralizedSGD(CommunicatingOptimizer):
         if not self.neighbors:
             return
         params = [p.detach() for p in self.params]
-        for idx in comm.buckets(params, self.by_layer, self.bucket_cap_mb):
-            part = [params[i] for i in idx]
-            mine = comm.pack(part)
-            theirs = [torch.empty_like(mine) for _ in self.neighbors]
-            requests = [dist.isend(mine, n) for n in self.neighbors]
-            requests += [dist.irecv(t, n) for t, n in zip(theirs, self.neighbors)]
+        parts = [[params[i] for i in idx] for idx in comm.buckets(params, self.by_layer, self.bucket_cap_mb)]
+        started = []
+        for b, part in enumerate(parts):  # every bucket's exchange in flight before the first wait
+            # a bucket of one contiguous param is sent as it is (it is not averaged before its send is done)
+            mine = (part[0].view(-1) if len(part) == 1 and part[0].is_contiguous()
+                    else comm.pack(part, comm.reusable(self._sent, b, part)))
+            theirs = [comm.reusable(received, b, part) for received in self._received]
+            requests = [dist.isend(mine, n, tag=b) for n in self.neighbors]
+            requests += [dist.irecv(t, n, tag=b) for t, n in zip(theirs, self.neighbors)]
+            started.append((theirs, requests))
+        for part, (theirs, requests) in zip(parts, started):
             for request in requests:
                 request.wait()
-            total = mine.clone()
-            for t in theirs:
-                total.add_(t)
-            comm.unpack_(total.div_(len(self.neighbors) + 1), part)
+            for t in theirs:  # p ← p + p_j, in the order of the neighbour list, then ÷ (|N(i)| + 1)
+                torch._foreach_add_(part, comm.views(t, [p.shape for p in part]))
+            torch._foreach_div_(part, len(self.neighbors) + 1)
