@@ -86,85 +86,85 @@ T lane_sum(const at::vec::Vectorized<T>& v) {
   return sum;
 }
 
-// Row j of E ← E + G, and its R dot products with the rows of Qᵀ, stored to p[k·n] (column j of Pᵀ).
-template <typename T, int R>
-void accumulate_row(T* e, const T* g, const T* qt, int64_t m, T* p, int64_t n) {
-  using V = at::vec::Vectorized<T>;
-  constexpr int64_t W = V::size();
-  V acc[R][2];
-  for (int k = 0; k < R; ++k) acc[k][0] = acc[k][1] = V(T(0));
-  int u = 0;
-  for (int64_t l = 0; l < m; l += W, u ^= 1) {
-    const int64_t c = std::min(W, m - l);
-    const V s = c == W ? V::loadu(e + l) + V::loadu(g + l) : V::loadu(e + l, c) + V::loadu(g + l, c);
-    if (c == W) {
-      s.store(e + l);
-    } else {
-      s.store(e + l, c);
-    }
-    for (int k = 0; k < R; ++k) {
-      const V q = c == W ? V::loadu(qt + k * m + l) : V::loadu(qt + k * m + l, c);
-      acc[k][u] = at::vec::fmadd(q, s, acc[k][u]);
-    }
-  }
-  for (int k = 0; k < R; ++k) p[k * n] = lane_sum(acc[k][0] + acc[k][1]);
+// c ≤ W elements at x as one block (a tail zero-padded), and the first c lanes of v stored to x.
+template <typename V, typename T>
+C10_ALWAYS_INLINE V load_first(const T* x, int64_t c) {
+  return c == V::size() ? V::loadu(x) : V::loadu(x, c);
 }
-
-// Row j of G = P·Qᵀ (p[k·n]: column j of Pᵀ) and E ← E − G.
-template <typename T, int R>
-void decompress_row(T* e, T* g, const T* p, int64_t n, const T* qt, int64_t m) {
-  using V = at::vec::Vectorized<T>;
-  constexpr int64_t W = V::size();
-  V pk[R];
-  for (int k = 0; k < R; ++k) pk[k] = V(p[k * n]);
-  for (int64_t l = 0; l < m; l += W) {
-    const int64_t c = std::min(W, m - l);
-    if (c == W) {
-      V u = pk[0] * V::loadu(qt + l);
-      for (int k = 1; k < R; ++k) u = at::vec::fmadd(pk[k], V::loadu(qt + k * m + l), u);
-      u.store(g + l);
-      (V::loadu(e + l) - u).store(e + l);
-    } else {
-      V u = pk[0] * V::loadu(qt + l, c);
-      for (int k = 1; k < R; ++k) u = at::vec::fmadd(pk[k], V::loadu(qt + k * m + l, c), u);
-      u.store(g + l, c);
-      (V::loadu(e + l, c) - u).store(e + l, c);
-    }
+template <typename V, typename T>
+C10_ALWAYS_INLINE void store_first(const V& v, T* x, int64_t c) {
+  if (c == V::size()) {
+    v.store(x);
+  } else {
+    v.store(x, c);
   }
 }
 
-// The row functions of ranks 1 … kPowerSgdMaxRank, indexed by r − 1.
-template <typename T>
-constexpr void (*kAccumulateRow[])(T*, const T*, const T*, int64_t, T*, int64_t) = {
-    accumulate_row<T, 1>, accumulate_row<T, 2>, accumulate_row<T, 3>, accumulate_row<T, 4>};
-template <typename T>
-constexpr void (*kDecompressRow[])(T*, T*, const T*, int64_t, const T*, int64_t) = {
-    decompress_row<T, 1>, decompress_row<T, 2>, decompress_row<T, 3>, decompress_row<T, 4>};
+// The two passes on row j of one matrix: e, g its rows of E and G, p[k·n] (k < R) column j of Pᵀ.
+// Row j of E ← E + G, and its R dot products with the rows of Qᵀ, stored to p[k·n].
+struct Accumulate {
+  template <typename T, int R>
+  static void row(T* e, T* g, T* p, int64_t n, const T* qt, int64_t m) {
+    using V = at::vec::Vectorized<T>;
+    constexpr int64_t W = V::size();
+    V acc[R][2];
+    for (int k = 0; k < R; ++k) acc[k][0] = acc[k][1] = V(T(0));
+    int u = 0;
+    for (int64_t l = 0; l < m; l += W, u ^= 1) {
+      const int64_t c = std::min(W, m - l);
+      const V s = load_first<V>(e + l, c) + load_first<V>(g + l, c);
+      store_first(s, e + l, c);
+      for (int k = 0; k < R; ++k) acc[k][u] = at::vec::fmadd(load_first<V>(qt + k * m + l, c), s, acc[k][u]);
+    }
+    for (int k = 0; k < R; ++k) p[k * n] = lane_sum(acc[k][0] + acc[k][1]);
+  }
+};
+
+// Row j of G = P·Qᵀ and E ← E − G.
+struct Decompress {
+  template <typename T, int R>
+  static void row(T* e, T* g, T* p, int64_t n, const T* qt, int64_t m) {
+    using V = at::vec::Vectorized<T>;
+    constexpr int64_t W = V::size();
+    V pk[R];
+    for (int k = 0; k < R; ++k) pk[k] = V(p[k * n]);
+    for (int64_t l = 0; l < m; l += W) {
+      const int64_t c = std::min(W, m - l);
+      V u = pk[0] * load_first<V>(qt + l, c);
+      for (int k = 1; k < R; ++k) u = at::vec::fmadd(pk[k], load_first<V>(qt + k * m + l, c), u);
+      store_first(u, g + l, c);
+      store_first(load_first<V>(e + l, c) - u, e + l, c);
+    }
+  }
+};
+
+// Pass::row on every row of every matrix, r = each matrix's rank (checked: 1 … kPowerSgdMaxRank).
+template <typename Pass>
+void powersgd_pass(const char* op, at::TensorList memories, at::TensorList grads, at::TensorList pts,
+                   at::TensorList qts) {
+  const auto ranks = powersgd_ranks(op, memories, grads, pts, qts);
+  if (memories.empty()) return;
+  AT_DISPATCH_FLOATING_TYPES(memories[0].scalar_type(), "fused_optim powersgd", [&] {
+    using T = scalar_t;
+    constexpr void (*rows[])(T*, T*, T*, int64_t, const T*, int64_t) = {
+        Pass::template row<T, 1>, Pass::template row<T, 2>, Pass::template row<T, 3>, Pass::template row<T, 4>};
+    static_assert(sizeof(rows) / sizeof(rows[0]) == kPowerSgdMaxRank);
+    for_each_row(memories, [&](int64_t i, int64_t j) {
+      const int64_t n = memories[i].size(0), m = memories[i].size(1);
+      rows[ranks[i] - 1](ptr<T>(memories[i]) + j * m, ptr<T>(grads[i]) + j * m, ptr<T>(pts[i]) + j, n,
+                         cptr<T>(qts[i]), m);
+    });
+  });
+}
 
 }  // namespace
 
 void powersgd_accumulate_cpu(at::TensorList memories, at::TensorList grads, at::TensorList qts, at::TensorList pts) {
-  const auto ranks = powersgd_ranks("powersgd_accumulate_", memories, grads, pts, qts);
-  if (memories.empty()) return;
-  AT_DISPATCH_FLOATING_TYPES(memories[0].scalar_type(), "fused_optim::powersgd_accumulate_", [&] {
-    for_each_row(memories, [&](int64_t i, int64_t j) {
-      const int64_t n = memories[i].size(0), m = memories[i].size(1);
-      kAccumulateRow<scalar_t>[ranks[i] - 1](ptr<scalar_t>(memories[i]) + j * m, cptr<scalar_t>(grads[i]) + j * m,
-                                             cptr<scalar_t>(qts[i]), m, ptr<scalar_t>(pts[i]) + j, n);
-    });
-  });
+  powersgd_pass<Accumulate>("powersgd_accumulate_", memories, grads, pts, qts);
 }
 
 void powersgd_decompress_cpu(at::TensorList memories, at::TensorList grads, at::TensorList pts, at::TensorList qts) {
-  const auto ranks = powersgd_ranks("powersgd_decompress_", memories, grads, pts, qts);
-  if (memories.empty()) return;
-  AT_DISPATCH_FLOATING_TYPES(memories[0].scalar_type(), "fused_optim::powersgd_decompress_", [&] {
-    for_each_row(memories, [&](int64_t i, int64_t j) {
-      const int64_t n = memories[i].size(0), m = memories[i].size(1);
-      kDecompressRow<scalar_t>[ranks[i] - 1](ptr<scalar_t>(memories[i]) + j * m, ptr<scalar_t>(grads[i]) + j * m,
-                                             cptr<scalar_t>(pts[i]) + j, n, cptr<scalar_t>(qts[i]), m);
-    });
-  });
+  powersgd_pass<Decompress>("powersgd_decompress_", memories, grads, pts, qts);
 }
 
 }  // namespace fused_optim
