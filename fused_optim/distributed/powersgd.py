@@ -169,6 +169,8 @@ class PowerSGD(CommunicatingOptimizer):
             comm.all_reduce_mean_([p.grad for p in params], self.world_size, by_layer=self.by_layer,
                                   cap_mb=self.bucket_cap_mb)
             return
+        exact = [params[i].grad for i in self.exact]  # averaged while the matrices are compressed
+        finish_exact = comm.start_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
         grads = [params[i].grad for i in self.compressed]
         # each grad as its contiguous n × m matrix (a channels_last one's copy, written back at the end)
         dense = [(g if g.is_contiguous() else g.contiguous()).view(n, m) for g, (n, m) in zip(grads, self._shapes)]
@@ -187,14 +189,12 @@ class PowerSGD(CommunicatingOptimizer):
             self._draw_queries([qt.t() for qt in qts])
         accumulate_project_(matrices, dense, qts, pts)  # E ← S = G + E (E now holds S);  Pᵀ = Qᵀ·Sᵀ
         self._all_reduce(p_flat, pts)
-        exact = [params[i].grad for i in self.exact]
         orthogonalize_(pts)
         for mat, qt, pt in zip(matrices, qts, pts):
             torch.matmul(pt, mat, out=qt)  # Qᵀ = Pᵀ·M
         self._all_reduce(self.q, qts)
         self.q.div_(self.world_size)
-        if exact:
-            comm.all_reduce_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
+        finish_exact()
         # G ← P·Qᵀ (straight into the grad: a fresh n × m buffer costs its page faults each step); E ← S − G
         decompress_(matrices, dense, pts, qts)
         for g, d in zip(grads, dense):
