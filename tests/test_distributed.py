@@ -19,7 +19,8 @@ from processes import run_ranks
 HERE = Path(__file__).resolve().parent
 GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=True)
 # float64 (u = 1.1e-16). Ours and mlbench's differ only in summation order (one bucketed reduction
-# vs one per tensor, the order of the neighbours' sum, foreach vs per-tensor clip norms): at most
+# vs one per tensor, the order of the neighbours' sum, foreach vs per-tensor clip norms, PowerSGD's
+# dot products in its CPU kernels and Gram–Schmidt's over all matrices at once): at most
 # ~10 roundings per element per step on O(1) values, over 5 steps, amplified at most 10x by
 # momentum 0.9 (1 / (1 − 0.9)): 10·5·10 = 500 u ≈ 5.5e-14; Gram–Schmidt and Adam's division can
 # double that: 2e-13.

@@ -100,7 +100,9 @@ class PowerSGD(CommunicatingOptimizer):
         G ← P·Qᵀ ;  E ← S − G
     and every other param: G ← (Σ_ranks G) / N (exact, no memory). Then the SGD step (momentum
     acts on the decompressed average). P, Q and the exact grads each travel in flat buckets: three
-    kinds of collective per step. Before ``start_iter`` steps every grad is averaged exactly (no
+    kinds of collective per step (the exact grads' launched first and waited for last, so their
+    transfer overlaps the compression). On CPU the passes over E and G are two kernels
+    (:func:`accumulate_project_`, :func:`decompress_`). Before ``start_iter`` steps every grad is averaged exactly (no
     memory). rank ≥ min(n, m) reproduces the exact average (P spans the range of Σ M).
 
     The memories E, the Q of a warm start (flat, each matrix's Qᵀ, r × m), the step count and the
