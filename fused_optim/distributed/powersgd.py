@@ -80,7 +80,8 @@ def orthogonalize_(pts: list[Tensor], eps: float = 1e-16) -> None:
             pairs = [(pt[i], pt[j]) for pt in live if pt.shape[0] > j]
             firsts, rests = [a for a, _ in pairs], [b for _, b in pairs]
             products = torch.cat(torch._foreach_mul(firsts, rests))
-            dots = torch.segment_reduce(products, "sum", lengths=torch.tensor([a.numel() for a in firsts]))
+            lengths = torch.tensor([a.numel() for a in firsts], device=products.device)
+            dots = torch.segment_reduce(products, "sum", lengths=lengths)
             torch._foreach_sub_(rests, torch._foreach_mul(firsts, list(dots.unbind())))
 
 
