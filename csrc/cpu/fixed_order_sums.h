@@ -83,9 +83,11 @@ inline double lane_sum(const V& v) {
 }
 
 // The in-item sum of squares: step() adds x^2 of one kStep-element run to four independent
-// accumulators (a single FMA chain would bound the loop by the FMA latency), finish() the rest of
-// [i, end) through for_each_block, then returns the total in double. The same calls in the same
-// order give the same bits, whichever other stream a thread reads in between.
+// accumulators (a single FMA chain would bound the loop by the FMA latency), finish(s, ...) the
+// rest of [i, end) through for_each_block, then returns the total in double. The same calls in the
+// same order give the same bits, whichever other stream a thread reads in between. finish takes
+// a copy: a Squares whose address escaped to an out-of-line call would keep its accumulators on
+// the stack through the loop (GCC 12 did so for the second of two).
 template <typename T>
 struct Squares {
   using V = FVec<T>;
@@ -104,10 +106,10 @@ struct Squares {
     }
   }
 
-  double finish(const T* x, int64_t i, int64_t end) {
-    for_each_block<T>(i, end, [&](auto& v) { acc[0] = at::vec::fmadd(v, v, acc[0]); }, x);
-    for (int k = 1; k < kAcc; ++k) acc[0] = acc[0] + acc[k];
-    return lane_sum(acc[0]);
+  static double finish(Squares s, const T* x, int64_t i, int64_t end) {
+    for_each_block<T>(i, end, [&](auto& v) { s.acc[0] = at::vec::fmadd(v, v, s.acc[0]); }, x);
+    for (int k = 1; k < kAcc; ++k) s.acc[0] = s.acc[0] + s.acc[k];
+    return lane_sum(s.acc[0]);
   }
 };
 
@@ -127,11 +129,11 @@ struct Squares<c10::BFloat16> {
     }
   }
 
-  double finish(const c10::BFloat16* x, int64_t i, int64_t end) {
+  static double finish(Squares s, const c10::BFloat16* x, int64_t i, int64_t end) {
     FVec<c10::BFloat16> rest(0);
     for_each_block<c10::BFloat16>(i, end, [&](auto& v) { rest = at::vec::fmadd(v, v, rest); }, x);
-    return lane_sum(FVec<c10::BFloat16>(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]))) +
-                    rest);
+    return lane_sum(
+        FVec<c10::BFloat16>(_mm512_add_ps(_mm512_add_ps(s.acc[0], s.acc[1]), _mm512_add_ps(s.acc[2], s.acc[3]))) + rest);
   }
 };
 #endif
@@ -143,7 +145,7 @@ inline double sum_of_squares(const T* x, int64_t begin, int64_t end) {
   Squares<T> s;
   int64_t i = begin;
   for (; i + kStep <= end; i += kStep) s.step(x + i);
-  return s.finish(x, i, end);
+  return Squares<T>::finish(s, x, i, end);
 }
 
 // {sum_of_squares(x, 0, nx), sum_of_squares(y, 0, ny)}, the same bits, read side by side while
@@ -162,7 +164,7 @@ inline std::array<double, 2> sums_of_squares(const T* x, int64_t nx, const T* y,
   int64_t j = i;
   for (; i + kStep <= nx; i += kStep) a.step(x + i);
   for (; j + kStep <= ny; j += kStep) b.step(y + j);
-  return {a.finish(x, i, nx), b.finish(y, j, ny)};
+  return {Squares<T>::finish(a, x, i, nx), Squares<T>::finish(b, y, j, ny)};
 }
 
 // The sums of squares of x and y over [begin, end): side by side when they have the same type.
