@@ -117,8 +117,9 @@ NVCC_FLAGS = ["-std=c++20", "-O3", "--Werror", "all-warnings", "-Xcompiler", "-W
 CUDA_BINDING = CSRC / "cuda" / "binding.cpp"
 # The architectures of the CUDA build where torch sees no GPU (check_cuda_build): those above.
 CHECK_CUDA_ARCH_LIST = ";".join(f"{arch[:-1]}.{arch[-1]}" for arch in CUDA_ARCHS)
-# The ops binding.cpp registers for the CUDA key (the bucket twins are composite: any device).
-CUDA_OPS = (*_ops.UPDATE_OPS, "l2norm", "sum_squares_")
+# The ops binding.cpp registers for the CUDA key: the list ops and their compact twins (the bucket
+# twins are composite: any device).
+CUDA_OPS = (*_ops.UPDATE_OPS, *_ops.COMPACT_OPS, "l2norm", "sum_squares_")
 
 # The emulated CUDA library: the binding registers the ops of _ops.EMULATED_CUDA for CPU tensors;
 # _FORTIFY_SOURCE's longjmp would refuse the emulation's fiber switches (csrc/emulation/scheduler.h).

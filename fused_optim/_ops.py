@@ -43,6 +43,8 @@ to w (w > 0) they run ``adascale_window_end(counts)``, an op implemented in Pyth
 :mod:`fused_optim.adascale`. It returns the hooks' positions for ``remove_grad_hooks(params, positions)``.
 ``grad_sum_squares_(sums, params, index)`` is ``sum_squares_`` of the ``.grad`` of those params that
 have one (read on the C++ side).
+``powersgd_accumulate_`` and ``powersgd_decompress_`` are PowerSGD's two passes over its error
+memories, CPU only (their math and torch-op reference: ``fused_optim.distributed.powersgd``).
 
 ``torch.ops.fused_optim_emulated_cuda`` holds the list ops, ``l2norm`` and ``sum_squares_`` again,
 implemented for CPU tensors by the CUDA binding and kernels compiled for the CPU (see
@@ -74,7 +76,7 @@ for _name, _variants in UPDATE_OPS.items():
     _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
-# The compact twins (bf16 / 8-bit state, stochastic rounding): CPU kernels only, no bucket twin.
+# The compact twins (bf16 / 8-bit state, stochastic rounding): list ops only, no bucket twin.
 COMPACT_OPS = {spec.compact_name: spec.compact_schema() for spec in SPECS.values() if spec.compact}
 for _name, _schema in COMPACT_OPS.items():
     _lib.define(_name + _schema)
@@ -97,12 +99,17 @@ _lib.define("grad_norm_hooks(Tensor[] params, int[] index, Tensor(a!) sums, Tens
 _lib.define("remove_grad_hooks(Tensor[] params, int[] positions) -> ()")
 _lib.define("adascale_window_end(Tensor counts) -> ()")
 _lib.define("grad_sum_squares_(Tensor(a!) sums, Tensor[] params, int[] index) -> ()")
+# PowerSGD's fused passes (fused_optim.distributed.powersgd: accumulate_project_, decompress_)
+_lib.define("powersgd_accumulate_(Tensor(a!)[] memories, Tensor[] grads, Tensor[] qts, Tensor(b!)[] pts) -> ()")
+_lib.define("powersgd_decompress_(Tensor(a!)[] memories, Tensor(b!)[] grads, Tensor[] pts, Tensor[] qts) -> ()")
+for _name in ("powersgd_accumulate_", "powersgd_decompress_"):
+    torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
 
 
 # The CUDA binding compiled for the CPU (csrc/emulation) registers its ops, the list ops and the
 # norms, for CPU tensors in a namespace of its own: the real CPU ops are never touched.
 EMULATED_CUDA = "fused_optim_emulated_cuda"
-EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()},
+EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()}, **COMPACT_OPS,
                      "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
 _emulated_lib: torch.library.Library | None = None
 _emulating = 0  # depth of routed_to_emulated_cuda() blocks

@@ -78,7 +78,7 @@ def cmd_demo(args) -> int:
 
     try:
         run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
-                 lr=args.lr)
+                 lr=args.lr, state_dtype=args.state_dtype)
     except ValueError as exc:  # bad options: plan_runs / Setup name the parameter and the fix
         print(f"fused-optim demo: error: {exc}", file=sys.stderr)
         return 2
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                       help="train through Lightning (default) or mmengine's Runner and configs")
     demo.add_argument("--seed", type=int, default=0, help="init and data order (default 0)")
     demo.add_argument("--lr", type=float, default=None, help="the baseline's lr (default 0.05; others scale it)")
+    demo.add_argument("--state-dtype", choices=["bfloat16", "8bit"], default=None,
+                      help="FusedSGD's momentum buffer in bf16 or 8-bit (default: fp32)")
     demo.add_argument("--out", default="demo-results", help="output directory (default: demo-results)")
     demo.set_defaults(fn=cmd_demo)
     sub.add_parser("list", help="the optimizers' registry names").set_defaults(fn=cmd_list)

@@ -96,7 +96,7 @@ def render(specs: dict[str, OpSpec] = SPECS) -> str:
 #define FUSED_OPTIM_UPDATE_OPS(X) \\
 {names}
 
-// X(name) for every update op with a compact twin `name_compact_` (CPU only: register.cpp).
+// X(name) for every update op with a compact twin `name_compact_` (register.cpp, binding.cpp).
 #define FUSED_OPTIM_COMPACT_OPS(X) \\
 {compact_names}
 

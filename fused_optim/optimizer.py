@@ -40,9 +40,9 @@ them to the param's dtype).
 ``"stochastic"``) and ``stochastic_rounding`` (keywords of the optimizers whose op has compact
 kernels, ``OpSpec.compact``; group keys when set) keep the moments in fewer bytes and round bf16
 state / params stochastically (formats: :mod:`.state_formats`). A group with any of them steps
-through its op's compact twin (CPU kernels; the reference elsewhere); a param's moments are made
-in, or converted to, the group's format, and state dicts keep the codes, absmaxes and rounding
-keys as saved.
+through its op's compact twin (CPU kernels and CUDA functors; float64 params take the reference); a
+param's moments are made in, or converted to, the group's format, and state dicts keep the codes,
+absmaxes and rounding keys as saved.
 
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
@@ -394,8 +394,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         saved_ids = (pid for g in state_dict["param_groups"] for pid in g["params"])
         params = (p for g in self.param_groups for p in g["params"])
         for pid, p in zip(saved_ids, params):
-            for key, value in kept.get(pid, {}).items():
-                self.state[p][key] = value.to(device=p.device)
+            for key, value in kept.get(pid, {}).items():  # rounding keys: CPU tensors on every device
+                self.state[p][key] = value.to(device="cpu" if key == state_formats.ROUNDING_KEY else p.device)
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Like torch's; ``set_to_none=None`` uses the optimizer's ``set_grad_none`` default."""
@@ -654,20 +654,17 @@ class FusedOptimizer(torch.optim.Optimizer):
         if not p.is_contiguous():
             return "is not contiguous (the kernel never updates a copy)"
         dtype = state["master_param"].dtype if "master_param" in state else p.dtype  # (_master)
-        if state_formats.is_compact(group):
-            if p.device.type != "cpu":
-                return (f"is on {p.device}, where state_dtype / state_rounding / stochastic_rounding have no kernel "
-                        "yet (CPU only)")
-            if dtype == torch.float64:
-                return "is float64: compact state (state_dtype) has kernels for float32/16 and bfloat16 values only"
+        if state_formats.is_compact(group) and dtype == torch.float64:
+            return "is float64: compact state (state_dtype) has kernels for float32/16 and bfloat16 values only"
         compact = {key: state_formats.target_dtype(group, dtype) for key, _ in self._compact_keys()}
         for name, t in state.items():
             want = compact.get(name, torch.int64 if name == state_formats.ROUNDING_KEY else
                                torch.float32 if name.endswith("_absmax") else dtype)
+            device = torch.device("cpu") if name == state_formats.ROUNDING_KEY else p.device  # (read on the host)
             if isinstance(t, Tensor) and name != "step" and not (
-                t.is_contiguous() and t.dtype == want and t.device == p.device
+                t.is_contiguous() and t.dtype == want and t.device == device
             ):
-                return f"has state '{name}' that is not a contiguous {want} tensor on {p.device}"
+                return f"has state '{name}' that is not a contiguous {want} tensor on {device}"
         return None
 
     def _run(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
@@ -697,7 +694,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         return "reference"
 
     def _run_compact(self, bucket: _Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
-        """``_run`` for a compact bucket: the compact twin op (list op, CPU) or its reference."""
+        """``_run`` for a compact bucket: the compact twin op (a list op, CPU or CUDA) or its reference."""
         self._check_grads(bucket, grads, gi)
         args = (bucket.params, grads, *bucket.state, *bucket.per_step)
         if bucket.fused and self._dtype_mismatch(bucket, grads, gi) is None:

@@ -136,7 +136,7 @@ class OpSpec:
         fp32 scales of the 8-bit state lists, list-major: one per param for each 8-bit list) and
         ``rounding_keys`` (one int64 counter per param, advanced by one per step; empty without
         stochastic rounding), and the flags ``stochastic_state`` / ``stochastic_params``.
-        CPU only: see fused_optim/state_formats.py and csrc/cpu/compact_state.h."""
+        See fused_optim/state_formats.py, csrc/cpu/compact_state.h and csrc/cuda/compact_state.cuh."""
         head, _, tail = self.schemas()[""].partition(", *, ")
         letter = chr(ord("b") + len(self.state))
         extra = f", Tensor({letter}!)[] absmaxes, Tensor({chr(ord(letter) + 1)}!)[] rounding_keys"

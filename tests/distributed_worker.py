@@ -263,6 +263,12 @@ def main(rank: int, world: int, out_dir: str) -> None:
         outside = [5] if rank == 2 else d.ring(rank, 4)  # rank 5 is not in the group of 4
         expect_error(errors, "outside", lambda: d.DecentralizedSGD(rank, outside, model, lr=0.1))
         checks["torus"] = d.torus(rank, 2, 2)
+        # several buckets in flight at once: one per tensor (each sent in place), or float64 [p0], [p1, p2], [p3]
+        # (192, 32 + 96 ≤ 130, 24 bytes)
+        ring = by_id["decentralized_ring_4"]
+        checks["ring_buckets"] = {name: replay(dict(ring, options={**ring["options"], **extra}), rank)
+                                  for name, extra in {"by_layer": dict(by_layer=True),
+                                                      "small": dict(bucket_cap_mb=130 / 2**20)}.items()}
     torch.save(result, f"{out_dir}/rank{rank}.pt")
     end_process_group()
 

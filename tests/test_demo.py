@@ -42,6 +42,8 @@ def test_plan_rejects_bad_scales_and_lr_and_skips_ddp_without_an_even_scale():
         plan_runs(Setup(), (4, 7))
     with pytest.raises(ValueError, match="Invalid lr: -0.1"):
         Setup(lr=-0.1)
+    with pytest.raises(ValueError, match="Invalid state_dtype: 'float16'"):
+        Setup(state_dtype="float16")
     with pytest.raises(ValueError, match="Invalid framework: 'keras'"):
         run_demo(framework="keras")
 
@@ -146,15 +148,34 @@ def test_quick_demo_end_to_end_through_lightning(tmp_path):
 
 @pytest.mark.slow
 def test_quick_demo_end_to_end_through_mmengine(tmp_path):
+    # With 8-bit momentum: the option reaches every run's config (the Lightning path: the test below).
     out = subprocess.run([sys.executable, "-m", "fused_optim.cli", "demo", "--quick", "--framework", "mmengine",
-                          "--scales", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=3600)
+                          "--scales", "4", "--state-dtype", "8bit", "--out", str(tmp_path)], capture_output=True,
+                         text=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     _check_outputs(tmp_path, "mmengine", (4,))
+    assert "FusedSGD momentum 0.9 (8bit state)" in (tmp_path / "results.md").read_text()
     from mmengine.config import Config
 
     dumped = Config.fromfile(next((tmp_path / "runs" / "mmengine" / "adascale-s4-ddp").glob("*.py")))
     assert (dumped.launcher, dumped.optim_wrapper.type, dumped.optim_wrapper.accumulative_counts) == (
         "pytorch", "mmengine_optim.AdaScaleOptimWrapper", 2)
+    assert dumped.optim_wrapper.optimizer.state_dtype == "8bit"
+
+
+@pytest.mark.parametrize("state_dtype, stored", [(None, torch.float32), ("bfloat16", torch.bfloat16),
+                                                 ("8bit", torch.uint8)])
+def test_lightning_module_keeps_the_momentum_buffer_in_the_setups_state_dtype(state_dtype, stored):
+    from fused_optim.examples.demo.lightning_runs import DigitsModule
+
+    setup = Setup(state_dtype=state_dtype)
+    module = DigitsModule(plan_runs(setup, (4,))[0], setup)
+    opt = module.configure_optimizers()["optimizer"]
+    assert opt.param_groups[0].get("state_dtype") == state_dtype  # no key at all for fp32 state
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert {opt.state[p]["momentum_buffer"].dtype for p in module.parameters()} == {stored}
 
 
 def test_report_table_and_plot_from_results(tmp_path):

@@ -19,7 +19,8 @@ from processes import run_ranks
 HERE = Path(__file__).resolve().parent
 GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=True)
 # float64 (u = 1.1e-16). Ours and mlbench's differ only in summation order (one bucketed reduction
-# vs one per tensor, the order of the neighbours' sum, foreach vs per-tensor clip norms): at most
+# vs one per tensor, the order of the neighbours' sum, foreach vs per-tensor clip norms, PowerSGD's
+# dot products in its CPU kernels and Gram–Schmidt's over all matrices at once): at most
 # ~10 roundings per element per step on O(1) values, over 5 steps, amplified at most 10x by
 # momentum 0.9 (1 / (1 − 0.9)): 10·5·10 = 500 u ≈ 5.5e-14; Gram–Schmidt and Adam's division can
 # double that: 2e-13.
@@ -77,6 +78,17 @@ def test_decentralized_ranks_differ_and_centralized_agree(ranks4):
     assert not torch.equal(ring[0], ring[1])
     central = [r["golden"]["centralized_sgd_4"][-1][0] for r in ranks4]
     assert all(torch.equal(central[0], c) for c in central)
+
+
+def test_decentralized_buckets_in_flight_follow_the_single_bucket(ranks4):
+    """The ring with one bucket per tensor (the params sent in place) or small buckets, all
+    exchanged before the first wait: the same sums in the same order as one bucket, bit for bit."""
+    for result in ranks4:
+        one_bucket = result["golden"]["decentralized_ring_4"]
+        for name, run in result["checks"]["ring_buckets"].items():
+            assert not isinstance(run, str), f"{name} raised: {run}"
+            for step_a, step_b in zip(run, one_bucket, strict=True):
+                assert all(torch.equal(a, b) for a, b in zip(step_a, step_b)), name
 
 
 def test_powersgd_at_full_rank_is_the_exact_average(ranks2):

@@ -84,10 +84,12 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   double norm = a.grad_norm.value_or(0.0);
   if (!a.grad_norm) {
     double sum = 0.0;
-    for (const auto& s : multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-           return std::array<double, 1>{sum_of_squares(cptr<T>(grads[t]), begin, end)};
-         })) {
-      sum += s[0];
+    for (const double s : multi_tensor_squares(
+             numels, [&](int64_t t, int64_t b, int64_t e) { return sum_of_squares(cptr<T>(grads[t]), b, e); },
+             [&](int64_t t, int64_t b, int64_t e, int64_t u, int64_t c, int64_t f) {
+               return sums_of_squares(cptr<T>(grads[t]) + b, e - b, cptr<T>(grads[u]) + c, f - c);
+             })) {
+      sum += s;
     }
     norm = std::sqrt(sum) * a.inv_scale;
   }

@@ -31,14 +31,17 @@ std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
     inputs.push_back(x);
     numels.push_back(x.numel());
   }
-  const auto sums = multi_tensor_sums<1>(numels, [&](int64_t t, int64_t begin, int64_t end) {
-    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm", [&] {
-      return std::array<double, 1>{sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end)};
-    });
-  });
-  std::vector<double> out(sums.size());
-  for (size_t i = 0; i < sums.size(); ++i) out[i] = sums[i][0];
-  return out;
+  auto one = [&](int64_t t, int64_t begin, int64_t end) {
+    return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm",
+                                         [&] { return sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end); });
+  };
+  return multi_tensor_squares(
+      numels, one, [&](int64_t t, int64_t b, int64_t e, int64_t u, int64_t c, int64_t f) -> std::array<double, 2> {
+        if (inputs[t].scalar_type() != inputs[u].scalar_type()) return {one(t, b, e), one(u, c, f)};
+        return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm", [&] {
+          return sums_of_squares(cptr<scalar_t>(inputs[t]) + b, e - b, cptr<scalar_t>(inputs[u]) + c, f - c);
+        });
+      });
 }
 
 }  // namespace

@@ -37,4 +37,8 @@ void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArr
 // summed without the launcher's allocations (AdaScale's hooks call this once per param and pass).
 double squares_cpu(const at::Tensor& x, const char* op);
 
+// powersgd.cpp: PowerSGD's fused passes over the error memories (fused_optim/distributed/powersgd.py).
+void powersgd_accumulate_cpu(at::TensorList memories, at::TensorList grads, at::TensorList qts, at::TensorList pts);
+void powersgd_decompress_cpu(at::TensorList memories, at::TensorList grads, at::TensorList pts, at::TensorList qts);
+
 }  // namespace fused_optim

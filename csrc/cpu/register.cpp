@@ -23,6 +23,8 @@ void impl_twin(torch::Library& m, const std::string& name) {
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("l2norm", &l2norm_cpu);
   m.impl("sum_squares_", &sum_squares_cpu);
+  m.impl("powersgd_accumulate_", &powersgd_accumulate_cpu);
+  m.impl("powersgd_decompress_", &powersgd_decompress_cpu);
 #define FUSED_OPTIM_REGISTER_CPU(name) m.impl(#name "_", &name##_cpu);
   FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CPU)
 #undef FUSED_OPTIM_REGISTER_CPU

@@ -108,8 +108,7 @@ void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors
     multi_tensor_two_pass<2>(
         numels_of(params.model),
         [&](int64_t t, int64_t begin, int64_t end, Placement) {
-          return std::array<double, 2>{sum_of_squares(cptr<S>(params.values()[t]), begin, end),
-                                       sum_of_squares(cptr<T>(grads[t]), begin, end)};
+          return sums_of_squares(cptr<S>(params.values()[t]), cptr<T>(grads[t]), begin, end);
         },
         [&](int64_t t, const std::array<double, 2>& sums) {
           set(static_cast<size_t>(t), std::sqrt(sums[0]), std::sqrt(sums[1]));

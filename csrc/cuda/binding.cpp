@@ -5,6 +5,10 @@
 // sparsified_sgd_'s index draws (host random numbers, like the CPU kernel and the reference).
 // Master weights (master_params) are passed to the kernels as lists of their own: the kernels read
 // the fp16/bf16 grads, update the fp32 masters and state and write the rounded params in one pass.
+// The compact twins (<op>compact_: bf16 / 8-bit state, stochastic rounding) are the same calls with
+// the compact arguments of csrc/shared/compact_args.h (CompactCall below; the kernels:
+// compact_state.cuh); the list ops are those calls without them.
+#include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "../shared/checks.h"
+#include "../shared/compact_args.h"
 #include "../shared/sparse_indices.h"
 #include "../shared/trust_ratio.h"
 #include "../shared/update_ops.h"
@@ -131,6 +136,10 @@ struct UpdateLists {
       : dtypes(cuda::UpdateDTypes::of(dtype_of(op, params.model[0].scalar_type()), !params.masters.empty())),
         values(pointers(params.values())),
         model(params.masters.empty() ? std::vector<void*>{} : pointers(params.model)) {}
+  UpdateLists(const char* op, const UpdatedParams& params, const CompactArgs& c) : UpdateLists(op, params) {
+    dtypes.format = c.format;
+    dtypes.stochastic_params = c.stochastic_params;
+  }
 
   void* const* model_list() const { return model.empty() ? nullptr : model.data(); }
 };
@@ -148,38 +157,94 @@ struct SumsScratch {
   }
 };
 
+// What a compact twin passes besides its list op's arguments; empty for the list op.
+struct CompactInputs {
+  at::TensorList absmaxes, keys;
+  bool stochastic_state = false, stochastic_params = false;
+};
+
+// A call's compact arguments (compact_args.h: the format from the state list `first`, checked as
+// the CPU kernels check them) for the kernels: the absmax pointers of its 8-bit lists (list-major,
+// as the op takes them) and the step's rounding keys copied to the device. The key tensors stay
+// int64 CPU tensors on every device: read here, advanced on the host by finish().
+class CompactCall {
+ public:
+  CompactCall(const char* op, const UpdatedParams& params, at::TensorList first, const CompactInputs& in,
+              at::Device device)
+      : args_(compact_args(op, params, first, in.absmaxes, in.keys, in.stochastic_state, in.stochastic_params)) {
+    if (args_.format == StateFormat::k8bit) absmaxes_ = pointers(in.absmaxes);
+    if (args_.stochastic()) {
+      at::Tensor host = at::empty({static_cast<int64_t>(args_.key_values.size())}, at::kLong);
+      std::copy(args_.key_values.begin(), args_.key_values.end(), host.data_ptr<int64_t>());
+      keys_ = host.to(device);
+    }
+  }
+
+  const CompactArgs& args() const { return args_; }
+  // The absmaxes of the 8-bit lists, or nullptr.
+  void* const* absmaxes() const { return absmaxes_.empty() ? nullptr : absmaxes_.data(); }
+  // The absmax of 8-bit list `slot`, tensor t (an SGD launch's subset of the tensors).
+  void* absmax(int slot, int64_t n, int64_t t) const { return absmaxes_.empty() ? nullptr : absmaxes_[slot * n + t]; }
+  void set(cuda::DeviceScalars& s) const {
+    s.rounding_keys = keys_.defined() ? keys_.data_ptr<int64_t>() : nullptr;
+    s.stochastic_state = args_.stochastic_state;
+  }
+  // After the launches: every key advanced by one, unless found_inf skipped the step (read on the
+  // host: with stochastic rounding a device found_inf costs a sync).
+  void finish(const OptTensor& found_inf) const {
+    if (!args_.stochastic()) return;
+    if (found_inf.has_value() && found_inf->defined() && found_inf->item<double>() != 0.0) return;
+    advance_keys(args_);
+  }
+
+ private:
+  CompactArgs args_;
+  std::vector<void*> absmaxes_;
+  at::Tensor keys_;
+};
+
 // The SGD family: per-tensor first-step flags split the tensors into two launches.
 void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorList params, at::TensorList grads_in,
                      at::TensorList bufs, at::TensorList masters, const c10::List<bool>& first_step,
                      cuda::SgdArgs args, double lr, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                     const OptTensor& found_inf) {
+                     const OptTensor& found_inf, const CompactInputs& compact = {}) {
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
-  const auto grads = check_sgd_inputs(op, updated, grads_in, bufs, first_step, args.momentum);
+  const auto grads = checked_grads(op, params, grads_in);
+  const CompactCall call(op, updated, bufs, compact, device);
+  if (args.momentum != 0.0) {
+    check_state_list(op, "momentum_buffers", updated, bufs, call.args(), 0);
+    TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
+                ": first_step needs one flag per param (or none: no first steps)");
+  } else {
+    TORCH_CHECK(bufs.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
+  }
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   args.s = scalars.get();
+  call.set(args.s);
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const UpdateLists lists(op, updated);
+  const UpdateLists lists(op, updated, call.args());
   const int64_t n = static_cast<int64_t>(params.size());
   auto g = pointers(grads), b = pointers(bufs);
   const auto sizes = sizes_of(params);
   std::optional<SumsScratch> norms;
   if (args.trust != cuda::TrustRatio::kNone) {
     norms.emplace(device, n, max_chunks_of(sizes), 2);
-    cuda::value_grad_squares_launch(lists.dtypes, n, lists.values.data(), g.data(), sizes.data(), norms->sums,
-                                    stream);
+    cuda::value_grad_squares_launch(lists.dtypes.storage(), n, lists.values.data(), g.data(), sizes.data(),
+                                    norms->sums, stream);
     cuda::sum_chunks_launch(2, n, norms->sums, stream);
     args.sq_norms = norms->sums.out;
   }
   void* const* buf_list = args.momentum != 0.f ? b.data() : nullptr;
   if (first_step.empty() || buf_list == nullptr) {
-    return cuda::sgd_launch(lists.dtypes, direction, n, lists.values.data(), g.data(), buf_list, lists.model_list(),
-                            sizes.data(), nullptr, args, stream);
+    cuda::sgd_launch(lists.dtypes, direction, n, lists.values.data(), g.data(), buf_list, lists.model_list(),
+                     call.absmaxes(), sizes.data(), nullptr, args, stream);
+    return call.finish(found_inf);
   }
   for (const bool first : {true, false}) {  // the tensors on their first step, then the others
-    std::vector<void*> ps, gs, bs, ms;
+    std::vector<void*> ps, gs, bs, ms, as;
     std::vector<int64_t> ss;
     std::vector<int32_t> index;
     for (int64_t t = 0; t < n; ++t) {
@@ -188,13 +253,16 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
       gs.push_back(g[t]);
       bs.push_back(b[t]);
       if (!lists.model.empty()) ms.push_back(lists.model[t]);
+      as.push_back(call.absmax(0, n, t));
       ss.push_back(sizes[t]);
       index.push_back(static_cast<int32_t>(t));
     }
     args.first_step = first;
     cuda::sgd_launch(lists.dtypes, direction, static_cast<int64_t>(ps.size()), ps.data(), gs.data(), bs.data(),
-                     lists.model.empty() ? nullptr : ms.data(), ss.data(), index.data(), args, stream);
+                     lists.model.empty() ? nullptr : ms.data(), call.absmaxes() != nullptr ? as.data() : nullptr,
+                     ss.data(), index.data(), args, stream);
   }
+  call.finish(found_inf);
 }
 
 cuda::SgdArgs sgd_args(double momentum, double dampening, double weight_decay, bool nesterov) {
@@ -206,28 +274,33 @@ cuda::SgdArgs sgd_args(double momentum, double dampening, double weight_decay, b
   return a;
 }
 
-void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-              bool nesterov, bool maximize, bool wd_after_momentum, const OptTensor& lr_tensor,
-              const OptTensor& grad_scale, const OptTensor& found_inf) {
+// SGD and SignSGD: the same numbers for every tensor.
+void sgd_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+              const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+              const CompactInputs& compact) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   a.maximize = maximize;
   a.wd_after_momentum = wd_after_momentum;
   sgd_family_cuda("sgd_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, a,
-                  lr, lr_tensor, grad_scale, found_inf);
+                  lr, lr_tensor, grad_scale, found_inf, compact);
 }
 
-void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-                   bool nesterov, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+void sign_sgd_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                   double dampening, double weight_decay, bool nesterov, const OptTensor& lr_tensor,
+                   const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
   sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step,
-                  sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf);
+                  sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf,
+                  compact);
 }
 
-void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-               bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
-               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+void lars_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+               double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
+               bool trust_clip, bool always_adapt, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               const OptTensor& found_inf, const CompactInputs& compact) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   if (weight_decay != 0.0 || always_adapt) {
     a.trust = cuda::TrustRatio::kLars;
@@ -236,13 +309,13 @@ void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momen
     a.trust_clip = trust_clip;
   }
   sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, a,
-                  lr, lr_tensor, grad_scale, found_inf);
+                  lr, lr_tensor, grad_scale, found_inf, compact);
 }
 
-void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                        at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
-                        double epsilon, bool lars, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                        const OptTensor& found_inf) {
+void colossal_lars_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                        at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& lr_tensor,
+                        const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
   a.clamp = kColossalLarsGradClamp;
   if (lars) {
@@ -251,7 +324,7 @@ void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorL
     a.eps = epsilon;
   }
   sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, master_params,
-                  first_step, a, lr, lr_tensor, grad_scale, found_inf);
+                  first_step, a, lr, lr_tensor, grad_scale, found_inf, compact);
 }
 
 void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories,
@@ -281,19 +354,23 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
   }
 }
 
-void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+
+void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-               const OptTensor& found_inf) {
+               const OptTensor& found_inf, const CompactInputs& compact) {
   const char* op = "adam_";
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
-  const auto grads = check_moment_inputs(op, updated, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = checked_grads(op, params, grads_in);
+  const CompactCall call(op, updated, exp_avgs, compact, device);
+  int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
+  slot = check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
   if (amsgrad) {
-    check_mutable(op, "max_exp_avg_sqs", updated.values(), max_exp_avg_sqs);
+    check_state_list(op, "max_exp_avg_sqs", updated, max_exp_avg_sqs, call.args(), slot);
   } else {
     TORCH_CHECK(max_exp_avg_sqs.empty(), "fused_optim::adam_: max_exp_avg_sqs must be empty without amsgrad");
   }
@@ -301,6 +378,7 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   cuda::AdamArgs a;
   a.s = scalars.get();
+  call.set(a.s);
   a.beta1 = beta1;
   a.beta2 = beta2;
   a.eps = eps;
@@ -308,29 +386,34 @@ void adam_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   a.decoupled = decoupled;
   a.maximize = maximize;
   a.bias_correction = bias_correction;
-  const UpdateLists lists(op, updated);
+  const UpdateLists lists(op, updated, call.args());
   auto g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs), vmax = pointers(max_exp_avg_sqs);
   const auto sizes = sizes_of(params);
   cuda::adam_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), m.data(),
-                    v.data(), amsgrad ? vmax.data() : nullptr, lists.model_list(), step_ptrs.data(), sizes.data(), a,
-                    c10::cuda::getCurrentCUDAStream());
+                    v.data(), amsgrad ? vmax.data() : nullptr, lists.model_list(), step_ptrs.data(), call.absmaxes(),
+                    sizes.data(), a, c10::cuda::getCurrentCUDAStream());
+  call.finish(found_inf);
 }
 
 // lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
 void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
                    at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, cuda::LambArgs a,
                    double lr, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
-                   const OptTensor& grad_scale, const OptTensor& found_inf) {
+                   const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
-  const auto grads = check_moment_inputs(op, updated, grads_in, exp_avgs, exp_avg_sqs);
+  const auto grads = checked_grads(op, params, grads_in);
+  const CompactCall call(op, updated, exp_avgs, compact, device);
+  const int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
+  check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
   auto step_ptrs = checked_steps(op, params, steps);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   a.s = scalars.get();
+  call.set(a.s);
   const auto stream = c10::cuda::getCurrentCUDAStream();
-  const UpdateLists lists(op, updated);
+  const UpdateLists lists(op, updated, call.args());
   const int64_t n = static_cast<int64_t>(params.size());
   auto g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs);
   const auto sizes = sizes_of(params);
@@ -347,30 +430,170 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
   }
   SumsScratch norms(device, a.trust_ratio ? n : 0, max_chunks, 2);
   cuda::lamb_launch(lists.dtypes, n, lists.values.data(), g.data(), m.data(), v.data(), lists.model_list(),
-                    step_ptrs.data(), sizes.data(), a, norms.sums, stream);
+                    step_ptrs.data(), call.absmaxes(), sizes.data(), a, norms.sums, stream);
+  call.finish(found_inf);
 }
 
-void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps, double weight_decay,
-               bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb,
-               bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf) {
+void lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
+               const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
                                               adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
   run_lamb_cuda("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, global_grad_norm,
-                lr_tensor, grad_scale, found_inf);
+                lr_tensor, grad_scale, found_inf, compact);
+}
+
+void colossal_lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+                        const CompactInputs& compact) {
+  cuda::LambArgs a;
+  static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
+  run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, std::nullopt,
+                lr_tensor, grad_scale, found_inf, compact);
+}
+
+// The list ops and their compact twins (the schemas' argument order, csrc/shared/update_ops.h).
+void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
+              const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
+           maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf, {});
+}
+
+void sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                      const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                      double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
+                      bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                      const OptTensor& found_inf) {
+  sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
+           maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
+           stochastic_state, stochastic_params});
+}
+
+void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                   double dampening, double weight_decay, bool nesterov, const OptTensor& lr_tensor,
+                   const OptTensor& grad_scale, const OptTensor& found_inf) {
+  sign_sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay,
+                nesterov, lr_tensor, grad_scale, found_inf, {});
+}
+
+void sign_sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                           at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                           const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                           const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  sign_sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay,
+                nesterov, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state,
+                stochastic_params});
+}
+
+void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+               double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
+               bool trust_clip, bool always_adapt, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               const OptTensor& found_inf) {
+  lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
+            trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf, {});
+}
+
+void lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                       const c10::List<bool>& first_step, double lr, double momentum, double dampening,
+                       double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
+                       bool always_adapt, bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+  lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
+            trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes,
+            rounding_keys, stochastic_state, stochastic_params});
+}
+
+void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                        at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
+                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& lr_tensor,
+                        const OptTensor& grad_scale, const OptTensor& found_inf) {
+  colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
+                     epsilon, lars, lr_tensor, grad_scale, found_inf, {});
+}
+
+void colossal_lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                                at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
+                                double weight_decay, double epsilon, bool lars, bool stochastic_state,
+                                bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                                const OptTensor& found_inf) {
+  colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
+                     epsilon, lars, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
+                     stochastic_state, stochastic_params});
+}
+
+void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+               double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               const OptTensor& found_inf) {
+  adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf, {});
+}
+
+void adam_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                       at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
+                       double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+                       bool bias_correction, bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+  adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+}
+
+void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
+               const OptTensor& grad_scale, const OptTensor& found_inf) {
+  lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+            bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
+            lr_tensor, grad_scale, found_inf, {});
+}
+
+void lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                       at::TensorList steps, at::TensorList master_params, at::TensorList absmaxes,
+                       at::TensorList rounding_keys, double lr, double beta1, double beta2, double eps,
+                       double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
+                       double max_grad_norm, bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm,
+                       bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+  lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+            bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
+            lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state,
+            stochastic_params});
 }
 
 void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
-                        double beta1, double beta2,
-                        double eps, double weight_decay, bool adam, bool bias_correction, const OptTensor& lr_tensor,
-                        const OptTensor& grad_scale, const OptTensor& found_inf) {
-  cuda::LambArgs a;
-  static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
-  run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, std::nullopt,
-                lr_tensor, grad_scale, found_inf);
+                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+                     adam, bias_correction, lr_tensor, grad_scale, found_inf, {});
+}
+
+void colossal_lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                                at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
+                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
+                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                                bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                                const OptTensor& grad_scale, const OptTensor& found_inf) {
+  colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+                     adam, bias_correction, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
+                     stochastic_state, stochastic_params});
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.
@@ -439,6 +662,9 @@ TORCH_LIBRARY_IMPL(FUSED_OPTIM_CUDA_LIBRARY, FUSED_OPTIM_CUDA_KEY, m) {
 #define FUSED_OPTIM_REGISTER_CUDA(name) m.impl(#name "_", &name##_cuda);
   FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_CUDA)
 #undef FUSED_OPTIM_REGISTER_CUDA
+#define FUSED_OPTIM_REGISTER_COMPACT(name) m.impl(#name "_compact_", &name##_compact_cuda);
+  FUSED_OPTIM_COMPACT_OPS(FUSED_OPTIM_REGISTER_COMPACT)
+#undef FUSED_OPTIM_REGISTER_COMPACT
 }
 
 #ifdef FUSED_OPTIM_EMULATED_LAUNCH

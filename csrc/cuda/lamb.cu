@@ -8,6 +8,9 @@
 // Then the step counters are incremented; everything is skipped when found_inf is set. With master
 // weights every pass reads the fp16/bf16 grads and the fp32 masters and state directly (||p|| is
 // the masters' norm), and the passes that update the masters write the rounded params.
+// lamb_compact_ / colossal_lamb_compact_: the same passes on compact moments or stochastically
+// rounded bf16 params (compact_state.cuh), as the CPU runs them: phase 1 encodes the new moments
+// after summing ||u||^2 of their fp32 values, phase 2 decodes the moments as stored.
 #include "launch.h"
 #include "reduce.cuh"
 #include "../shared/lamb_math.h"
@@ -43,14 +46,21 @@ __device__ TensorLamb<M> tensor_lamb(const TensorListMetadata<Depth>& meta, cons
           numbers.lr};
 }
 
+// The storage of LAMB's moments m (signed) and v (U: UpdateTypes).
+template <typename U>
+using LambM = moment_t<typename U::state_t, true>;
+template <typename U>
+using LambV = moment_t<typename U::state_t, false>;
+
 // Without the trust ratio, one pass. Lists: params, exp_avgs, exp_avg_sqs (mutable), grads; the
-// model params with master weights (U: UpdateTypes); steps.
+// model params with master weights (U: UpdateTypes); steps; the absmaxes of 8-bit moments.
 template <typename U>
 struct LambOnePass {
-  using Types = ListTypes<typename U::value_t, typename U::state_t, typename U::state_t, typename U::grad_t>;
+  using Types = ListTypes<typename U::value_t, LambM<U>, LambV<U>, typename U::grad_t>;
   static constexpr int kSteps = 4 + U::kModelLists;
+  static constexpr int kDepth = kSteps + 1 + Types::kQ8Lists;
 
-  __device__ static void apply(const TensorListMetadata<kSteps + 1>& meta, const LambArgs& a) {
+  __device__ static void apply(const TensorListMetadata<kDepth>& meta, const LambArgs& a) {
     using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
@@ -59,20 +69,22 @@ struct LambOnePass {
     for_each_element<Types, 3, typename U::model_t>(meta, chunk, [&](M(&x)[4]) {
       lamb.rule.moments(x[0], x[3], x[1], x[2]);
       LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
-    });
+    }, coding_of(a.s));
   }
 };
 
-// Phase 1. Lists: exp_avgs, exp_avg_sqs (mutable), params, grads; steps. Partials of ||p||², ||u||².
+// Phase 1. Lists: exp_avgs, exp_avg_sqs (mutable), params, grads; steps; the absmaxes of 8-bit
+// moments. Partials of ||p||², ||u||².
 template <typename U>
 struct LambMoments {
-  using Types = ListTypes<typename U::state_t, typename U::state_t, typename U::value_t, typename U::grad_t>;
+  using Types = ListTypes<LambM<U>, LambV<U>, typename U::value_t, typename U::grad_t>;
+  static constexpr int kDepth = 5 + Types::kQ8Lists;
   struct Args {
     LambArgs lamb;
     ChunkSums sums;
   };
 
-  __device__ static void apply(const TensorListMetadata<5>& meta, const Args& a) {
+  __device__ static void apply(const TensorListMetadata<kDepth>& meta, const Args& a) {
     using M = typename Types::opmath;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
@@ -83,20 +95,21 @@ struct LambMoments {
       const M u = rule.direction(x[2], x[0], x[1]);
       acc[0] = fma(x[2], x[2], acc[0]);
       acc[1] = fma(u, u, acc[1]);
-    });
+    }, coding_of(a.lamb.s, 1));  // m and v: the random streams 1 and 2
     store_chunk_sums<2>(acc, chunk, a.sums);
   }
 };
 
-// Phase 2. Lists: params (mutable), exp_avgs, exp_avg_sqs; the model params with master weights;
-// steps. Reads the per-tensor sums.
+// Phase 2. Lists: params (mutable), exp_avgs, exp_avg_sqs (read as stored); the model params with
+// master weights; steps; the absmaxes of 8-bit moments. Reads the per-tensor sums.
 template <typename U>
 struct LambTrustedUpdate {
-  using Types = ListTypes<typename U::value_t, typename U::state_t, typename U::state_t>;
+  using Types = ListTypes<typename U::value_t, LambM<U>, LambV<U>>;
   using Args = typename LambMoments<U>::Args;
   static constexpr int kSteps = 3 + U::kModelLists;
+  static constexpr int kDepth = kSteps + 1 + Types::kQ8Lists;
 
-  __device__ static void apply(const TensorListMetadata<kSteps + 1>& meta, const Args& a) {
+  __device__ static void apply(const TensorListMetadata<kDepth>& meta, const Args& a) {
     using M = typename Types::opmath;
     if (skip_step(a.lamb.s)) return;
     const Chunk chunk = chunk_of_block(meta);
@@ -106,7 +119,7 @@ struct LambTrustedUpdate {
     const M neg_lr = static_cast<M>(-lamb.lr * r);
     for_each_element<Types, 1, typename U::model_t>(meta, chunk, [&](M(&x)[3]) {
       LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
-    });
+    }, coding_of(a.lamb.s));
   }
 };
 
@@ -114,22 +127,24 @@ struct LambTrustedUpdate {
 
 void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
                  void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
-                 const int64_t* sizes, const LambArgs& args, const ChunkSums& sums, cudaStream_t stream) {
+                 void* const* absmaxes, const int64_t* sizes, const LambArgs& args, const ChunkSums& sums,
+                 cudaStream_t stream) {
   void* const* step_list = reinterpret_cast<void* const*>(steps);
-  dispatch_update(dtypes, [&](auto types) {
+  void* const* m_absmax = absmax_list(absmaxes, n, 0);
+  void* const* v_absmax = absmax_list(absmaxes, n, 1);
+  dispatch_any_update(dtypes, [&](auto types) {
     using U = decltype(types);
-    constexpr int kModel = U::kModelLists;
     if (!args.trust_ratio) {
-      const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, model, step_list});
-      multi_tensor_apply<5 + kModel, LambOnePass<U>>(n, lists.data(), sizes, args, stream);
+      const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, model, step_list, m_absmax, v_absmax});
+      multi_tensor_apply<LambOnePass<U>::kDepth, LambOnePass<U>>(n, lists.data(), sizes, args, stream);
       return;
     }
     const typename LambMoments<U>::Args both{args, sums};
-    const auto phase1 = concat_lists(n, {exp_avgs, exp_avg_sqs, params, grads, step_list});
-    multi_tensor_apply<5, LambMoments<U>>(n, phase1.data(), sizes, both, stream);
+    const auto phase1 = concat_lists(n, {exp_avgs, exp_avg_sqs, params, grads, step_list, m_absmax, v_absmax});
+    multi_tensor_apply<LambMoments<U>::kDepth, LambMoments<U>>(n, phase1.data(), sizes, both, stream);
     sum_chunks_launch(2, n, sums, stream);
-    const auto phase2 = concat_lists(n, {params, exp_avgs, exp_avg_sqs, model, step_list});
-    multi_tensor_apply<4 + kModel, LambTrustedUpdate<U>>(n, phase2.data(), sizes, both, stream);
+    const auto phase2 = concat_lists(n, {params, exp_avgs, exp_avg_sqs, model, step_list, m_absmax, v_absmax});
+    multi_tensor_apply<LambTrustedUpdate<U>::kDepth, LambTrustedUpdate<U>>(n, phase2.data(), sizes, both, stream);
   });
   increment_steps_launch(n, steps, args.s, stream);
 }

@@ -12,6 +12,7 @@
 
 #include "../shared/lamb_math.h"
 #include "../shared/sgd_math.h"
+#include "../shared/state_codes.h"
 
 #include <cstdint>
 #include <initializer_list>
@@ -27,15 +28,22 @@ enum class DType { kFloat, kDouble, kHalf, kBFloat16 };
 // values' dtype). With master weights (values != grads) the params form a write-only list, each
 // written as its master rounded to nearest even, in the same pass (the `model` lists below;
 // nullptr without masters). The kernels exist for one dtype, and for fp16/bf16 grads with fp32
-// values and state (multi_tensor_apply.cuh's dispatch_update).
+// values and state (multi_tensor_apply.cuh's dispatch_update). Compact updates (the <op>compact_
+// ops) add the moments' format (bf16 or 8-bit codes of fp32 moments) and whether bf16 params
+// without masters are rounded stochastically (compact_state.cuh).
 struct UpdateDTypes {
   DType grads, values, state;
+  StateFormat format = StateFormat::kPlain;
+  bool stochastic_params = false;
 
   static UpdateDTypes of(DType params, bool masters) {
     const DType values = masters ? DType::kFloat : params;
     return {params, values, values};
   }
   bool masters() const { return values != grads; }
+  bool compact() const { return format != StateFormat::kPlain || stochastic_params; }
+  // The dtypes of the values as stored, for the passes that only read values and grads (norms).
+  UpdateDTypes storage() const { return {grads, values, state}; }
 };
 
 // Elements per chunk of the launcher (one block each); per-chunk partial sums are laid out by it.
@@ -61,7 +69,18 @@ struct DeviceScalars {
   double lr_value = 0.0;
   const float* grad_scale = nullptr;  // grads are divided by it; nullptr: 1
   const float* found_inf = nullptr;   // non-zero: nothing changes, step counters included; nullptr: 0
+  // Compact updates (compact_state.cuh): each tensor's rounding key of this step, by the caller's
+  // tensor index (nullptr without stochastic rounding), and whether bf16 state rounds stochastically.
+  const int64_t* rounding_keys = nullptr;
+  bool stochastic_state = false;
 };
+
+// The absmax lists of a compact update's 8-bit state lists (`absmaxes`, list-major: state list k's
+// tensor t at [k * n + t], as the <op>compact_ ops take them), or nullptr for state that is not
+// 8-bit: the list of state list k, or nullptr.
+inline void* const* absmax_list(void* const* absmaxes, int64_t n, int k) {
+  return absmaxes != nullptr ? absmaxes + k * n : nullptr;
+}
 
 // Per-tensor sums over chunks: a block writes partials[(t * max_chunks + chunk) * lists + k]
 // (zeroed by the caller), sum_chunks_launch adds them up per tensor, in a fixed order, into
@@ -100,10 +119,11 @@ struct SgdArgs {
   bool trust_clip = false;
 };
 
-// bufs is nullptr when momentum == 0. params: the values updated (UpdateDTypes).
+// bufs is nullptr when momentum == 0. params: the values updated (UpdateDTypes). absmaxes: the
+// buffers' absmaxes with 8-bit buffers, else nullptr.
 void sgd_launch(const UpdateDTypes& dtypes, SgdDirection direction, int64_t n, void* const* params,
-                void* const* grads, void* const* bufs, void* const* model, const int64_t* sizes, const int32_t* index,
-                const SgdArgs& args, cudaStream_t stream);
+                void* const* grads, void* const* bufs, void* const* model, void* const* absmaxes,
+                const int64_t* sizes, const int32_t* index, const SgdArgs& args, cudaStream_t stream);
 
 // adam.cu: torch.optim.Adam / AdamW; max_exp_avg_sqs is nullptr without amsgrad. Increments steps.
 struct AdamArgs {
@@ -112,9 +132,11 @@ struct AdamArgs {
   bool decoupled = false, maximize = false, bias_correction = true;
 };
 
+// absmaxes: with 8-bit state those of exp_avgs, exp_avg_sqs[, max_exp_avg_sqs] (absmax_list), else nullptr.
 void adam_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
                  void* const* exp_avgs, void* const* exp_avg_sqs, void* const* max_exp_avg_sqs, void* const* model,
-                 float* const* steps, const int64_t* sizes, const AdamArgs& args, cudaStream_t stream);
+                 float* const* steps, void* const* absmaxes, const int64_t* sizes, const AdamArgs& args,
+                 cudaStream_t stream);
 
 // lamb.cu: lamb_ and colossal_lamb_ (see lamb.cu). Increments steps.
 struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
@@ -125,10 +147,12 @@ struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
   const double* grad_sq = nullptr;
 };
 
-// sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio.
+// sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio. absmaxes:
+// with 8-bit state those of exp_avgs, exp_avg_sqs (absmax_list), else nullptr.
 void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
                  void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
-                 const int64_t* sizes, const LambArgs& args, const ChunkSums& sums, cudaStream_t stream);
+                 void* const* absmaxes, const int64_t* sizes, const LambArgs& args, const ChunkSums& sums,
+                 cudaStream_t stream);
 
 // sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
 // then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.

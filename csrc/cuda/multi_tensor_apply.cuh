@@ -16,7 +16,8 @@
 // pointer is 16-byte aligned, else scalar ones; a chunk's tail shorter than a vector is scalar.
 // The lists of a launch may hold different storage types (ListTypes): master weights read fp16 /
 // bf16 grads, update fp32 masters and state, and write the rounded masters to a write-only list of
-// fp16 / bf16 params, all in one pass.
+// fp16 / bf16 params, all in one pass. A list may also hold compact state (bf16 or 8-bit codes of
+// fp32 moments, stochastically rounded bf16 params): compact_state.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,6 +30,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "compact_state.cuh"
 #include "kernel_launch.cuh"
 #include "launch.h"
 
@@ -47,6 +49,9 @@ template <> struct MaxTensors<4> { static constexpr int value = 36; };
 template <> struct MaxTensors<5> { static constexpr int value = 30; };
 template <> struct MaxTensors<6> { static constexpr int value = 26; };
 template <> struct MaxTensors<7> { static constexpr int value = 24; };
+template <> struct MaxTensors<8> { static constexpr int value = 24; };  // (8-bit state: + the absmax lists)
+template <> struct MaxTensors<9> { static constexpr int value = 22; };
+template <> struct MaxTensors<10> { static constexpr int value = 20; };
 
 template <int Depth>
 struct TensorListMetadata {
@@ -58,6 +63,9 @@ struct TensorListMetadata {
   int32_t block_to_chunk[kMaxBlocks];
 };
 
+static_assert(sizeof(TensorListMetadata<10>) <= 3600, "kernel arguments must stay under 4 KB");
+static_assert(sizeof(TensorListMetadata<9>) <= 3600, "kernel arguments must stay under 4 KB");
+static_assert(sizeof(TensorListMetadata<8>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<7>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<6>) <= 3600, "kernel arguments must stay under 4 KB");
 static_assert(sizeof(TensorListMetadata<5>) <= 3600, "kernel arguments must stay under 4 KB");
@@ -94,6 +102,8 @@ void dispatch_dtype(DType dtype, const F& f) {
 // The storage types of an update's lists (UpdateDTypes, launch.h): G of the grads, V of the values
 // updated, S of the state, Model of the params written from the values (void: the values are the
 // params). A functor instantiated for them puts the model list right after its element lists.
+// Compact updates (compact_state.cuh): V may be SrBf16 (bf16 params rounded stochastically), S
+// Bf16Coded or Q8 (each moment list then moment_t<Q8, signed>).
 template <typename G, typename V, typename S, typename Model>
 struct UpdateTypes {
   using grad_t = G;
@@ -103,9 +113,43 @@ struct UpdateTypes {
   static constexpr int kModelLists = std::is_void_v<Model> ? 0 : 1;
 };
 
+// f(UpdateTypes<G, V, S, Model>{}) with S the state type of the update's compact format.
+template <typename G, typename V, typename Model, typename F>
+void dispatch_state_format(StateFormat format, const F& f) {
+  switch (format) {
+    case StateFormat::kBf16: return f(UpdateTypes<G, V, Bf16Coded, Model>{});
+    case StateFormat::k8bit: return f(UpdateTypes<G, V, Q8, Model>{});
+    case StateFormat::kPlain:
+      if constexpr (std::is_same_v<V, SrBf16>) return f(UpdateTypes<G, V, __nv_bfloat16, Model>{});
+      break;
+  }
+  throw std::invalid_argument("fused_optim CUDA: no compact update kernel for this state format");
+}
+
+// The compact instantiations: fp32, fp16 or bf16 params (bf16 ones also rounded stochastically),
+// fp16 / bf16 params with fp32 masters; bf16 or 8-bit state (or the bf16 params' own bf16 state).
+template <typename F>
+void dispatch_compact_update(const UpdateDTypes& d, const F& f) {
+  if (d.stochastic_params && d.grads == DType::kBFloat16 && d.values == DType::kBFloat16) {
+    return dispatch_state_format<__nv_bfloat16, SrBf16, void>(d.format, f);
+  }
+  if (!d.stochastic_params && d.values == DType::kFloat) {
+    if (d.grads == DType::kFloat) return dispatch_state_format<float, float, void>(d.format, f);
+    if (d.grads == DType::kHalf) return dispatch_state_format<__half, float, __half>(d.format, f);
+    if (d.grads == DType::kBFloat16) return dispatch_state_format<__nv_bfloat16, float, __nv_bfloat16>(d.format, f);
+  }
+  if (!d.stochastic_params && d.values == d.grads && d.format != StateFormat::kPlain) {
+    if (d.grads == DType::kHalf) return dispatch_state_format<__half, __half, void>(d.format, f);
+    if (d.grads == DType::kBFloat16) return dispatch_state_format<__nv_bfloat16, __nv_bfloat16, void>(d.format, f);
+  }
+  throw std::invalid_argument("fused_optim CUDA: no compact update kernel for these dtypes (float64 values?)");
+}
+
 // Calls f(UpdateTypes<...>{}) for the dtypes of an update (host side: picks the kernels to launch).
+// Plain state only: the ops with compact twins call dispatch_any_update.
 template <typename F>
 void dispatch_update(const UpdateDTypes& dtypes, const F& f) {
+  if (dtypes.compact()) throw std::invalid_argument("fused_optim CUDA: this op has no compact state kernel");
   if (dtypes.values == dtypes.grads && dtypes.state == dtypes.values) {
     return dispatch_dtype(dtypes.grads, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -119,6 +163,13 @@ void dispatch_update(const UpdateDTypes& dtypes, const F& f) {
   throw std::invalid_argument("fused_optim CUDA: no update kernel for these dtypes of grads, values and state");
 }
 
+// dispatch_update, or dispatch_compact_update for a compact update.
+template <typename F>
+void dispatch_any_update(const UpdateDTypes& dtypes, const F& f) {
+  if (dtypes.compact()) return dispatch_compact_update(dtypes, f);
+  dispatch_update(dtypes, f);
+}
+
 // The per-step scalars (launch.h), read by every block.
 __device__ __forceinline__ bool skip_step(const DeviceScalars& s) {
   return s.found_inf != nullptr && *s.found_inf != 0.f;
@@ -127,6 +178,10 @@ __device__ __forceinline__ float inv_scale_of(const DeviceScalars& s) {
   return s.grad_scale != nullptr ? 1.f / *s.grad_scale : 1.f;
 }
 __device__ __forceinline__ double lr_of(const DeviceScalars& s) { return s.lr != nullptr ? *s.lr : s.lr_value; }
+// The coding of a launch's compact lists whose list 0 uses random stream first_stream (compact_state.cuh).
+__device__ __forceinline__ Coding coding_of(const DeviceScalars& s, int first_stream = 0) {
+  return {s.rounding_keys, s.stochastic_state, first_stream};
+}
 
 // The chunk a block works on: tensor slot, caller's tensor index, element range [begin, end).
 struct Chunk {
@@ -174,6 +229,17 @@ struct ListTypes {
   using opmath = opmath_t<at<0>>;
   static_assert((std::is_same_v<opmath_t<S>, opmath> && ...), "the lists of a launch share one opmath");
   static constexpr int kMinBytes = static_cast<int>(MinOf<sizeof(S)...>::value);
+  static constexpr bool kCodedLists = (kCoded<S> || ...);  // compact state (compact_state.cuh)
+  static constexpr int kQ8Lists = (0 + ... + static_cast<int>(kQ8List<S>));
+  // The 8-bit lists before list D (the absmax list of an 8-bit list D is the launch's
+  // Depth - kQ8Lists + q8_before<D>(): the absmaxes follow every other list, in list order).
+  template <int D>
+  static constexpr int q8_before() {
+    constexpr bool q8[] = {kQ8List<S>...};
+    int count = 0;
+    for (int d = 0; d < D; ++d) count += q8[d] ? 1 : 0;
+    return count;
+  }
 };
 
 // f(Index<0>{}), ..., f(Index<N - 1>{}): a loop over lists of different types.
@@ -209,13 +275,10 @@ __device__ __forceinline__ void store_vector(S* p, const S (&raw)[kVec]) {
   }
 }
 
-// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath, for the element
-// lists of Types (ListTypes: list d holds Types::at<d>); lists [0, Mutable) are stored back. With
-// a Model type (not void), the next list is write-only: it receives x[0] after op, rounded to
-// nearest even to Model (master weights: list 0 the fp32 masters, the model list their fp16/bf16
-// params). Lists after these carry other per-tensor pointers (e.g. step counters).
-template <typename Types, int Mutable, typename Model = void, int Depth, typename Op>
-__device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op) {
+// for_each_element of lists of values only: 16-byte vectors where every list is aligned.
+template <typename Types, int Mutable, typename Model, int Depth, typename Op>
+__device__ __forceinline__ void for_each_plain_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk,
+                                                       Op op) {
   using M = typename Types::opmath;
   constexpr int kLists = Types::size;
   constexpr bool kModel = !std::is_void_v<Model>;
@@ -273,6 +336,92 @@ __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>
       list(d)[j] = from_opmath<S>(x[decltype(d)::value]);
     });
     if constexpr (kModel) model[j] = from_opmath<Model>(x[0]);
+  }
+}
+
+// A list of plain storage S in for_each_coded_element: converted as for_each_plain_element does.
+template <typename S>
+struct Coded {
+  S* data;
+
+  __device__ Coded(void* data_, float*, uint32_t, const Coding&) : data(static_cast<S*>(data_)) {}
+  __device__ opmath_t<S> load(int64_t i) const { return to_opmath<S>(data[i]); }
+  __device__ void store(const opmath_t<S> (&v)[kPerLane], int64_t block, int64_t end) const {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      const int64_t i = block + lane + 32 * e;
+      if (i < end) data[i] = from_opmath<S>(v[e]);
+    }
+  }
+};
+
+// for_each_element with compact lists (compact_state.cuh): each warp takes whole 8-bit blocks of
+// the chunk (kQ8Block elements, kPerLane per lane, lane + 32e), decodes every list (Coded<S>),
+// runs op on the elements below the chunk's end, and encodes the mutable lists and the model list.
+template <typename Types, int Mutable, typename Model, int Depth, typename Op>
+__device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk,
+                                                       const Coding& coding, Op op) {
+  using M = typename Types::opmath;
+  static_assert(std::is_same_v<M, float>, "compact state is decoded to float");
+  constexpr int kLists = Types::size;
+  constexpr int kQ8Base = Depth - Types::kQ8Lists;
+  const int64_t key = coding.keys != nullptr ? coding.keys[chunk.tensor] : 0;
+  const auto open = [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    using S = typename Types::template at<D>;
+    float* const absmax =
+        kQ8List<S> ? static_cast<float*>(meta.addresses[kQ8Base + Types::template q8_before<D>()][chunk.slot])
+                   : nullptr;
+    const uint32_t seed = coding.keys != nullptr ? stream_seed(key, coding.first_stream + D) : 0u;
+    return Coded<S>(meta.addresses[D][chunk.slot], absmax, seed, coding);
+  };
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t stride = static_cast<int64_t>(blockDim.x / 32) * kQ8Block;
+  for (int64_t block = chunk.begin + static_cast<int64_t>(threadIdx.x / 32) * kQ8Block; block < chunk.end;
+       block += stride) {
+    M x[kPerLane][kLists];
+    static_for<kLists>([&](auto d) {
+      const auto list = open(d);
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) {
+        const int64_t i = block + lane + 32 * e;
+        x[e][decltype(d)::value] = i < chunk.end ? list.load(i) : M(0);
+      }
+    });
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      if (block + lane + 32 * e < chunk.end) op(x[e]);
+    }
+    static_for<Mutable>([&](auto d) {
+      M v[kPerLane];
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = x[e][decltype(d)::value];
+      open(d).store(v, block, chunk.end);
+    });
+    if constexpr (!std::is_void_v<Model>) {
+      M v[kPerLane];
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = x[e][0];
+      Coded<Model>(meta.addresses[kLists][chunk.slot], nullptr, 0u, coding).store(v, block, chunk.end);
+    }
+  }
+}
+
+// Calls op(x) on each element of the chunk, x[d] being list d's element in opmath, for the element
+// lists of Types (ListTypes: list d holds Types::at<d>); lists [0, Mutable) are stored back. With
+// a Model type (not void), the next list is write-only: it receives x[0] after op, rounded to
+// nearest even to Model (master weights: list 0 the fp32 masters, the model list their fp16/bf16
+// params). Lists after these carry other per-tensor pointers (e.g. step counters), then, with
+// 8-bit lists, one absmax list per 8-bit list. Lists of compact state are decoded and encoded as
+// `coding` says (compact_state.cuh).
+template <typename Types, int Mutable, typename Model = void, int Depth, typename Op>
+__device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op,
+                                                 const Coding& coding = {}) {
+  if constexpr (Types::kCodedLists) {
+    for_each_coded_element<Types, Mutable, Model>(meta, chunk, coding, op);
+  } else {
+    for_each_plain_element<Types, Mutable, Model>(meta, chunk, op);
   }
 }
 

@@ -4,7 +4,8 @@
 // (csrc/shared/trust_ratio.h), computed by each block from its tensor's sums of squares (||p||,
 // ||g|| = sqrt(Σg²)/grad_scale). found_inf is checked first by every block. With master weights
 // one pass reads the fp16/bf16 grads, updates the fp32 masters and momentum buffers and writes
-// the rounded params; ||p|| is then the masters' norm.
+// the rounded params; ||p|| is then the masters' norm. The compact twins: the same functor on
+// compact momentum buffers or stochastically rounded bf16 params (compact_state.cuh).
 #include <type_traits>
 
 #include "launch.h"
@@ -37,16 +38,17 @@ __device__ __forceinline__ TensorNumbers tensor_numbers(const SgdArgs& a, int32_
 }
 
 // Lists: params (mutable), momentum buffers (mutable, with momentum), grads; the model params
-// with master weights (U: UpdateTypes).
+// with master weights (U: UpdateTypes); the buffers' absmaxes with 8-bit buffers.
 template <typename U, SgdDirection D, bool kMomentum>
 struct SgdFunctor {
   using V = typename U::value_t;
-  using Types = std::conditional_t<kMomentum, ListTypes<V, typename U::state_t, typename U::grad_t>,
+  using Types = std::conditional_t<kMomentum, ListTypes<V, moment_t<typename U::state_t, true>, typename U::grad_t>,
                                    ListTypes<V, typename U::grad_t>>;
   static constexpr int kLists = Types::size;
   static constexpr int kMutable = kMomentum ? 2 : 1;
+  static constexpr int kDepth = kLists + U::kModelLists + Types::kQ8Lists;
 
-  __device__ static void apply(const TensorListMetadata<kLists + U::kModelLists>& meta, const SgdArgs& a) {
+  __device__ static void apply(const TensorListMetadata<kDepth>& meta, const SgdArgs& a) {
     using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
@@ -67,37 +69,39 @@ struct SgdFunctor {
       } else {
         rule.apply(x[0], x[kLists - 1]);
       }
-    });
+    }, coding_of(a.s));
   }
 };
 
 template <typename U, SgdDirection D>
 void sgd_typed(int64_t n, void* const* params, void* const* grads, void* const* bufs, void* const* model,
-               const int64_t* sizes, const int32_t* index, const SgdArgs& args, cudaStream_t stream) {
-  constexpr int kModel = U::kModelLists;
+               void* const* absmaxes, const int64_t* sizes, const int32_t* index, const SgdArgs& args,
+               cudaStream_t stream) {
   if (bufs != nullptr) {
-    const auto lists = concat_lists(n, {params, bufs, grads, model});
-    multi_tensor_apply<3 + kModel, SgdFunctor<U, D, true>>(n, lists.data(), sizes, args, stream, index);
+    using F = SgdFunctor<U, D, true>;
+    const auto lists = concat_lists(n, {params, bufs, grads, model, absmaxes});
+    multi_tensor_apply<F::kDepth, F>(n, lists.data(), sizes, args, stream, index);
   } else {
+    using F = SgdFunctor<U, D, false>;
     const auto lists = concat_lists(n, {params, grads, model});
-    multi_tensor_apply<2 + kModel, SgdFunctor<U, D, false>>(n, lists.data(), sizes, args, stream, index);
+    multi_tensor_apply<F::kDepth, F>(n, lists.data(), sizes, args, stream, index);
   }
 }
 
 }  // namespace
 
 void sgd_launch(const UpdateDTypes& dtypes, SgdDirection direction, int64_t n, void* const* params,
-                void* const* grads, void* const* bufs, void* const* model, const int64_t* sizes, const int32_t* index,
-                const SgdArgs& args, cudaStream_t stream) {
-  dispatch_update(dtypes, [&](auto types) {
+                void* const* grads, void* const* bufs, void* const* model, void* const* absmaxes,
+                const int64_t* sizes, const int32_t* index, const SgdArgs& args, cudaStream_t stream) {
+  dispatch_any_update(dtypes, [&](auto types) {
     using U = decltype(types);
     switch (direction) {
       case SgdDirection::kPlain:
-        return sgd_typed<U, SgdDirection::kPlain>(n, params, grads, bufs, model, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kPlain>(n, params, grads, bufs, model, absmaxes, sizes, index, args, stream);
       case SgdDirection::kSign:
-        return sgd_typed<U, SgdDirection::kSign>(n, params, grads, bufs, model, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kSign>(n, params, grads, bufs, model, absmaxes, sizes, index, args, stream);
       case SgdDirection::kClamp:
-        return sgd_typed<U, SgdDirection::kClamp>(n, params, grads, bufs, model, sizes, index, args, stream);
+        return sgd_typed<U, SgdDirection::kClamp>(n, params, grads, bufs, model, absmaxes, sizes, index, args, stream);
     }
   });
 }

@@ -106,28 +106,4 @@ inline UpdatedParams checked_params(const char* op, at::TensorList params, at::T
   return {params, masters};
 }
 
-// Checks params, grads and the moments of Adam / LAMB and returns contiguous grads.
-inline ContiguousTensors check_moment_inputs(const char* op, const UpdatedParams& params, at::TensorList grads_in,
-                                             at::TensorList exp_avgs, at::TensorList exp_avg_sqs) {
-  auto grads = checked_grads(op, params.model, grads_in);
-  check_mutable(op, "exp_avgs", params.values(), exp_avgs);
-  check_mutable(op, "exp_avg_sqs", params.values(), exp_avg_sqs);
-  return grads;
-}
-
-// Checks params, grads and momentum buffers of an SGD-family op and returns contiguous grads.
-inline ContiguousTensors check_sgd_inputs(const char* op, const UpdatedParams& params, at::TensorList grads_in,
-                                          at::TensorList momentum_buffers, const c10::List<bool>& first_step,
-                                          double momentum) {
-  auto grads = checked_grads(op, params.model, grads_in);
-  if (momentum != 0.0) {
-    check_mutable(op, "momentum_buffers", params.values(), momentum_buffers);
-    TORCH_CHECK(first_step.size() == params.model.size() || first_step.empty(), "fused_optim::", op,
-                ": first_step needs one flag per param (or none: no first steps)");
-  } else {
-    TORCH_CHECK(momentum_buffers.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
-  }
-  return grads;
-}
-
 }  // namespace fused_optim

@@ -141,4 +141,8 @@ FUSED_OPTIM_HD uint16_t bf16_stochastic(float x, uint32_t bits) {
   return static_cast<uint16_t>(x != x ? ((b >> 16) | 0x40u) : (b + bits) >> 16);
 }
 
+// The format of a call's compact state lists (every compact list of a call has one): the values'
+// dtype (plain), bf16, or 8-bit codes with their absmaxes.
+enum class StateFormat { kPlain, kBf16, k8bit };
+
 }  // namespace fused_optim

@@ -20,7 +20,7 @@
   X(lamb) \
   X(colossal_lamb)
 
-// X(name) for every update op with a compact twin `name_compact_` (CPU only: register.cpp).
+// X(name) for every update op with a compact twin `name_compact_` (register.cpp, binding.cpp).
 #define FUSED_OPTIM_COMPACT_OPS(X) \
   X(sgd) \
   X(sign_sgd) \

@@ -8,8 +8,10 @@ Variants, interleaved round by round: DDP (its all-reduce of the grads, 25 MB bu
 SGD; CentralizedSGD (flat buckets: synchronous, and ``overlap=True``; by layer); PowerSGD rank
 1, 2, 4; DecentralizedSGD on a ring. A step is forward + backward + optimizer step; the model's
 loss is Σ_p Σ(p·x) (its backward writes x into every grad), the same compute for every variant, so
-differences are communication. ``--batch B`` gives the model a real backward instead (every param a
-linear layer on B input rows: :class:`_Model`) and times DDP and CentralizedSGD, synchronous and
+differences are communication. A barrier after the backward also times ``opt.step()`` alone (the
+aggregation and the update, what the optimizers differ by; DDP's all-reduce, and overlap=True's
+launches, run in the backward). ``--batch B`` gives the model a real backward instead (every param
+a linear layer on B input rows: :class:`_Model`) and times DDP and CentralizedSGD, synchronous and
 ``overlap=True``, to see the all-reduce hidden behind the backward. Bytes are the payload of each
 collective (all_reduce: the tensor; all_gather / isend: this rank's part), counted by wrapping
 torch.distributed's functions (DDP with torch's Python all-reduce comm hook, so they see its
@@ -130,6 +132,7 @@ def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: s
         built = {name: make() for name, make in _variants(shapes, rank, world, mlbench, batch).items()}
         x = torch.tensor(1.0 + rank)
         times = {name: [] for name in built}
+        step_times = {name: [] for name in built}
         sent = {}
         for r in range(rounds + 1):  # round 0: warm-up (state, buckets), not timed
             for name, (model, opt) in built.items():
@@ -138,23 +141,28 @@ def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: s
                 start = time.perf_counter()
                 opt.zero_grad()
                 model(x).backward()
+                dist.barrier()
+                stepping = time.perf_counter()
                 opt.step()
                 dist.barrier()
-                elapsed = time.perf_counter() - start
+                end = time.perf_counter()
                 counter.active = False
                 if r:
-                    times[name].append(elapsed)
+                    times[name].append(end - start)
+                    step_times[name].append(end - stepping)
                     sent[name] = counter.bytes
         if rank == 0:
-            torch.save({name: dict(ms=statistics.median(t) * 1e3, bytes=sent[name]) for name, t in times.items()}, out)
+            torch.save({name: dict(ms=statistics.median(t) * 1e3, step_ms=statistics.median(step_times[name]) * 1e3,
+                                   bytes=sent[name]) for name, t in times.items()}, out)
     finally:
         end_process_group()
 
 
 def run(world: int, list_id: str, rounds: int, mlbench: str | None = None, batch: int = 0) -> dict:
-    """{variant: {"ms": median step, "bytes": per rank per step}}; ``mlbench``: the
-    ``mlbench_core`` directory, whose optimizers then run too (rows named PEER + our row's name);
-    ``batch`` > 0: a real backward (:class:`_Model`), DDP and CentralizedSGD only."""
+    """{variant: {"ms": median step, "step_ms": median time in ``opt.step``, "bytes": per rank per
+    step}}; ``mlbench``: the ``mlbench_core`` directory, whose optimizers then run too (rows named
+    PEER + our row's name); ``batch`` > 0: a real backward (:class:`_Model`), DDP and
+    CentralizedSGD only."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.pt")
         mp.spawn(_worker, (world, os.path.join(tmp, "store"), list_id, rounds, out, mlbench, batch), nprocs=world)
@@ -177,16 +185,16 @@ def main() -> None:
     print(f"fused_optim.bench.distributed on {_build.cpu_description()}, list {args.list}, 1 thread per rank, "
           + (f"real backward (batch {args.batch})" if args.batch else "trivial backward"))
     print(f"peer: mlbench-core at {root}" if root else f"peer absent, no mlbench rows: {why}")
-    print("| ranks | variant | ms/step | bytes sent per rank per step | × DDP's bytes | mlbench ÷ ours |\n"
-          "|---|---|---:|---:|---:|---:|")
+    print("| ranks | variant | ms/step | mlbench ÷ ours | ms in opt.step | mlbench ÷ ours (opt.step) "
+          "| bytes sent per rank per step | × DDP's bytes |\n|---|---|---:|---:|---:|---:|---:|---:|")
     for world in args.world:
         result = run(world, args.list, args.rounds, None if root is None or args.batch else str(root), args.batch)
         ddp = result["DDP all-reduce + SGD"]["bytes"]
         for name, r in result.items():
             ours = result.get(name.removeprefix(PEER)) if name.startswith(PEER) else None
-            ratio = f"{r['ms'] / ours['ms']:.2f}" if ours else ""
-            print(f"| {world} | {name} | {r['ms']:.1f} | {r['bytes']:,} | {r['bytes'] / ddp:.4f} | {ratio} |",
-                  flush=True)
+            ratio, step_ratio = (f"{r[k] / ours[k]:.2f}" if ours else "" for k in ("ms", "step_ms"))
+            print(f"| {world} | {name} | {r['ms']:.1f} | {ratio} | {r['step_ms']:.1f} | {step_ratio} | {r['bytes']:,} "
+                  f"| {r['bytes'] / ddp:.4f} |", flush=True)
 
 
 if __name__ == "__main__":

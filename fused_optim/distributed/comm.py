@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -138,12 +138,24 @@ def all_reduce_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divi
     reduced in place. Every bucket's all-reduce is launched before the first is waited for (all
     in flight at once: with ``by_layer``, one per tensor, their latencies overlap). ``buffers``: a
     list the caller keeps, holding the packed buckets' buffers from call to call (:func:`reusable`)."""
+    start_mean_(tensors, divisor, divide_before=divide_before, by_layer=by_layer, cap_mb=cap_mb, buffers=buffers)()
+
+
+def start_mean_(tensors: Sequence[Tensor], divisor: float | Tensor, *, divide_before: bool = False,
+                by_layer: bool = False, cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+                buffers: list | None = None) -> Callable[[], None]:
+    """:func:`all_reduce_mean_` launched: returns the function that waits for it and finishes
+    it (``tensors`` must not be written in between; other work can run meanwhile)."""
     parts = [[tensors[i] for i in idx] for idx in buckets(tensors, by_layer, cap_mb)]
     started = [start_sum(part, divisor, divide_before, in_place=True,
                          out=None if buffers is None or len(part) == 1 else reusable(buffers, b, part))
                for b, part in enumerate(parts)]
-    for (flat, work), part in zip(started, parts):
-        finish_mean_(flat, work, part, divisor, divide_before)
+
+    def finish() -> None:
+        for (flat, work), part in zip(started, parts):
+            finish_mean_(flat, work, part, divisor, divide_before)
+
+    return finish
 
 
 def gather_rows(who: str, row: Sequence[int], device=None) -> Tensor:

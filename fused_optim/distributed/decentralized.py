@@ -33,7 +33,9 @@ class DecentralizedSGD(CommunicatingOptimizer):
         p_i ← (p_i + Σ_{j ∈ N(i)} p_j) / (|N(i)| + 1)
 
     The params travel in flat buckets, exchanged with each neighbour by non-blocking
-    ``isend`` / ``irecv``. The neighbour lists must form an undirected graph (j ∈ N(i) ⇔ i ∈ N(j)),
+    ``isend`` / ``irecv`` (tagged with the bucket's index), the next bucket's exchange started
+    before this one's is waited for; the neighbours' buckets are added to the params in place, in
+    the order of ``neighbors``. The neighbour lists must form an undirected graph (j ∈ N(i) ⇔ i ∈ N(j)),
     without self-loops, repeats or ranks outside the group: checked at construction on every rank
     with one all_gather, which raises the same error everywhere.
 
@@ -61,6 +63,7 @@ class DecentralizedSGD(CommunicatingOptimizer):
         self.by_layer = by_layer
         self.bucket_cap_mb = bucket_cap_mb
         self._communicates_before = False
+        self._scratch: dict = {}  # (slot, dtype, device) -> the buffers of _rows
         world = comm.world_size_of(None, "DecentralizedSGD")
         actual = dist.get_rank() if world > 1 or dist.is_initialized() else 0
         if rank is None:
@@ -98,20 +101,42 @@ class DecentralizedSGD(CommunicatingOptimizer):
                              f"{'lists' if adjacency[j, i] else 'does not list'} rank {i}: every link must be "
                              "named on both ends (fused_optim.distributed.ring / torus build such lists)")
 
+    def _rows(self, slot: int, part: list[torch.Tensor]) -> torch.Tensor:
+        """1 + |N(i)| rows of the bucket's numel, its dtype and device, kept from bucket to bucket
+        and step to step (a fresh 25 MiB tensor per bucket, neighbour and step costs its page
+        faults): row 0 this rank's packed bucket, row 1 + k neighbour k's. Two slots: one
+        bucket's exchange runs while the previous bucket is averaged."""
+        numel = sum(t.numel() for t in part)
+        key = (slot, part[0].dtype, part[0].device)
+        rows = self._scratch.get(key)
+        if rows is None or rows.shape[1] < numel:
+            rows = self._scratch[key] = torch.empty(1 + len(self.neighbors), numel, dtype=part[0].dtype,
+                                                    device=part[0].device)
+        return rows[:, :numel]
+
+    def _launch(self, b: int, part: list[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], list]:
+        """Start bucket b's exchange: (the neighbours' buffers, the requests)."""
+        rows = self._rows(b % 2, part)
+        # a bucket of one contiguous param is sent as it is (it is not averaged before its send is done)
+        mine = part[0].view(-1) if len(part) == 1 and part[0].is_contiguous() else comm.pack(part, rows[0])
+        theirs = rows[1:].unbind(0)
+        requests = [dist.isend(mine, n, tag=b) for n in self.neighbors]
+        requests += [dist.irecv(t, n, tag=b) for t, n in zip(theirs, self.neighbors)]
+        return theirs, requests
+
     @torch.no_grad()
     def _after_step(self) -> None:
         if not self.neighbors:
             return
         params = [p.detach() for p in self.params]
-        for idx in comm.buckets(params, self.by_layer, self.bucket_cap_mb):
-            part = [params[i] for i in idx]
-            mine = comm.pack(part)
-            theirs = [torch.empty_like(mine) for _ in self.neighbors]
-            requests = [dist.isend(mine, n) for n in self.neighbors]
-            requests += [dist.irecv(t, n) for t, n in zip(theirs, self.neighbors)]
+        parts = [[params[i] for i in idx] for idx in comm.buckets(params, self.by_layer, self.bucket_cap_mb)]
+        pending = self._launch(0, parts[0])
+        for b, part in enumerate(parts):
+            theirs, requests = pending
+            if b + 1 < len(parts):  # the next bucket's exchange, while this one is averaged
+                pending = self._launch(b + 1, parts[b + 1])
             for request in requests:
                 request.wait()
-            total = mine.clone()
-            for t in theirs:
-                total.add_(t)
-            comm.unpack_(total.div_(len(self.neighbors) + 1), part)
+            for t in theirs:  # p ← p + p_j, in the order of the neighbour list, then ÷ (|N(i)| + 1)
+                torch._foreach_add_(part, comm.views(t, [p.shape for p in part]))
+            torch._foreach_div_(part, len(self.neighbors) + 1)

@@ -6,20 +6,83 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .. import _build
 from ..torch_optim import SGD
 from . import comm
 from .wrapper import CommunicatingOptimizer
 
 
-def orthogonalize_(matrix: Tensor, eps: float = 1e-16) -> None:
-    """Gram–Schmidt on the columns of ``matrix`` in place: each column is divided by its norm
-    (+ eps, so a zero column stays zero), then projected out of the columns after it."""
-    for i in range(matrix.shape[1]):
-        col = matrix[:, i:i + 1]
-        col.div_(col.norm() + eps)
-        if i + 1 < matrix.shape[1]:
-            rest = matrix[:, i + 1:]
-            rest.sub_((col * rest).sum(0) * col)
+# The largest rank the kernels take (their per-row accumulators); a larger one runs the torch ops.
+KERNEL_MAX_RANK = 4
+
+
+def _kernel_runs(memories: list[Tensor], pts: list[Tensor], fused: bool | None) -> bool:
+    """Whether the CPU kernel takes this call: ``fused`` True (its checks then name what does not
+    fit), or None and every matrix a float32/float64 CPU one of rank ≤ KERNEL_MAX_RANK, and the
+    kernels built (if not, the inner SGD has said so)."""
+    if fused is None:
+        fused = (bool(memories) and all(e.device.type == "cpu" and e.dtype in (torch.float32, torch.float64)
+                                        for e in memories) and max(pt.shape[0] for pt in pts) <= KERNEL_MAX_RANK)
+        if not fused:
+            return False
+        try:
+            _build.load("cpu")
+        except _build.BuildError:
+            return False
+    elif fused:
+        _build.load("cpu")
+    return fused
+
+
+def accumulate_project_(memories: list[Tensor], grads: list[Tensor], qts: list[Tensor], pts: list[Tensor], *,
+                        fused: bool | None = None) -> None:
+    """Per matrix (E, G: n × m; Qᵀ: r × m; Pᵀ: r × n; all contiguous)::
+
+        E ← E + G ;  Pᵀ = Qᵀ·Eᵀ
+
+    ``fused_optim::powersgd_accumulate_`` does both in one pass over E and G, row by row (its
+    dot products' summation order: csrc/cpu/powersgd.cpp); these torch ops are its reference,
+    and run where it does not (``fused``: False the torch ops, True the kernel, None the kernel
+    where it fits, :func:`_kernel_runs`)."""
+    if _kernel_runs(memories, pts, fused):
+        torch.ops.fused_optim.powersgd_accumulate_(memories, grads, qts, pts)
+        return
+    torch._foreach_add_(memories, grads)
+    for e, qt, pt in zip(memories, qts, pts):
+        torch.matmul(qt, e.t(), out=pt)
+
+
+def decompress_(memories: list[Tensor], grads: list[Tensor], pts: list[Tensor], qts: list[Tensor], *,
+                fused: bool | None = None) -> None:
+    """Per matrix, as :func:`accumulate_project_` (``fused_optim::powersgd_decompress_``: one pass)::
+
+        G ← P·Qᵀ ;  E ← E − G"""
+    if _kernel_runs(memories, pts, fused):
+        torch.ops.fused_optim.powersgd_decompress_(memories, grads, pts, qts)
+        return
+    for g, pt, qt in zip(grads, pts, qts):
+        torch.matmul(pt.t(), qt, out=g)
+    torch._foreach_sub_(memories, grads)
+
+
+def orthogonalize_(pts: list[Tensor], eps: float = 1e-16) -> None:
+    """Gram–Schmidt on the columns p₀, p₁, … of every P, given as Pᵀ (its rows), in place, all
+    matrices at once (a few torch calls per column, none per matrix): for i = 0, 1, …,
+    p_i ← p_i / (‖p_i‖ + eps) (a zero column stays zero), then p_j ← p_j − (p_i·p_j)·p_i for
+    every j > i (the dot products summed in order, each P's a segment of one flat product)."""
+    for i in range(max((pt.shape[0] for pt in pts), default=0)):
+        live = [pt for pt in pts if pt.shape[0] > i]
+        cols = [pt[i] for pt in live]
+        norms = torch._foreach_norm(cols)
+        torch._foreach_add_(norms, eps)
+        torch._foreach_div_(cols, norms)
+        for j in range(i + 1, max(pt.shape[0] for pt in live)):
+            pairs = [(pt[i], pt[j]) for pt in live if pt.shape[0] > j]
+            firsts, rests = [a for a, _ in pairs], [b for _, b in pairs]
+            products = torch.cat(torch._foreach_mul(firsts, rests))
+            lengths = torch.tensor([a.numel() for a in firsts], device=products.device)
+            dots = torch.segment_reduce(products, "sum", lengths=lengths)
+            torch._foreach_sub_(rests, torch._foreach_mul(firsts, list(dots.unbind())))
 
 
 class PowerSGD(CommunicatingOptimizer):
@@ -38,7 +101,9 @@ class PowerSGD(CommunicatingOptimizer):
         G ← P·Qᵀ ;  E ← S − G
     and every other param: G ← (Σ_ranks G) / N (exact, no memory). Then the SGD step (momentum
     acts on the decompressed average). P, Q and the exact grads each travel in flat buckets: three
-    kinds of collective per step. Before ``start_iter`` steps every grad is averaged exactly (no
+    kinds of collective per step (the exact grads' launched first and waited for last, so their
+    transfer overlaps the compression). On CPU the passes over E and G are two kernels
+    (:func:`accumulate_project_`, :func:`decompress_`). Before ``start_iter`` steps every grad is averaged exactly (no
     memory). rank ≥ min(n, m) reproduces the exact average (P spans the range of Σ M).
 
     The memories E, the Q of a warm start (flat, each matrix's Qᵀ, r × m), the step count and the
@@ -107,8 +172,11 @@ class PowerSGD(CommunicatingOptimizer):
             comm.all_reduce_mean_([p.grad for p in params], self.world_size, by_layer=self.by_layer,
                                   cap_mb=self.bucket_cap_mb)
             return
+        exact = [params[i].grad for i in self.exact]  # averaged while the matrices are compressed
+        finish_exact = comm.start_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
         grads = [params[i].grad for i in self.compressed]
-        torch._foreach_add_(self.memories, grads)  # E ← S = G + E (E now holds S)
+        # each grad as its contiguous n × m matrix (a channels_last one's copy, written back at the end)
+        dense = [(g if g.is_contiguous() else g.contiguous()).view(n, m) for g, (n, m) in zip(grads, self._shapes)]
         matrices = [s.view(n, m) for s, (n, m) in zip(self.memories, self._shapes)]
         dtype, device = grads[0].dtype, grads[0].device
         # P and Q are stored transposed (r × n, r × m per matrix, in the flat buckets): the products
@@ -122,25 +190,19 @@ class PowerSGD(CommunicatingOptimizer):
         qts = comm.views(self.q, [(r, m) for (_, m), r in zip(self._shapes, self._ranks)])
         if fresh:
             self._draw_queries([qt.t() for qt in qts])
-        for mat, qt, pt in zip(matrices, qts, pts):
-            torch.matmul(qt, mat.t(), out=pt)  # Pᵀ = Qᵀ·Mᵀ
+        accumulate_project_(matrices, dense, qts, pts)  # E ← S = G + E (E now holds S);  Pᵀ = Qᵀ·Sᵀ
         self._all_reduce(p_flat, pts)
-        exact = [params[i].grad for i in self.exact]
-        for pt in pts:
-            orthogonalize_(pt.t())
+        orthogonalize_(pts)
         for mat, qt, pt in zip(matrices, qts, pts):
             torch.matmul(pt, mat, out=qt)  # Qᵀ = Pᵀ·M
         self._all_reduce(self.q, qts)
         self.q.div_(self.world_size)
-        if exact:
-            comm.all_reduce_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
-        for g, mat, qt, pt in zip(grads, matrices, qts, pts):
-            # P·Qᵀ straight into the grad (a fresh n × m buffer costs its page faults each step)
-            update = g.view(mat.shape) if g.is_contiguous() else torch.empty_like(mat)
-            torch.matmul(pt.t(), qt, out=update)
-            mat.sub_(update)  # E ← S − P·Qᵀ
-            if update.data_ptr() != g.data_ptr():
-                g.copy_(update.view(g.shape))
+        finish_exact()
+        # G ← P·Qᵀ (straight into the grad: a fresh n × m buffer costs its page faults each step); E ← S − G
+        decompress_(matrices, dense, pts, qts)
+        for g, d in zip(grads, dense):
+            if d.data_ptr() != g.data_ptr():
+                g.copy_(d.view(g.shape))
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
         """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer`` (all in flight at once)."""

@@ -22,11 +22,11 @@ FRAMEWORKS = ("lightning", "mmengine")
 
 
 def run_demo(out: str | Path = "demo-results", framework: str = "lightning", scales: tuple[int, ...] = (4, 8),
-             seed: int = 0, quick: bool = False, lr: float | None = None) -> Path:
+             seed: int = 0, quick: bool = False, lr: float | None = None, state_dtype: str | None = None) -> Path:
     """Train every run of the plan, print the table, write the outputs; returns the output dir."""
     if framework not in FRAMEWORKS:
         raise ValueError(f"Invalid framework: {framework!r} (one of {', '.join(FRAMEWORKS)})")
-    overrides = dict(QUICK if quick else {}, seed=seed)
+    overrides = dict(QUICK if quick else {}, seed=seed, state_dtype=state_dtype)
     if lr is not None:
         overrides["lr"] = lr
     setup = Setup(**overrides)

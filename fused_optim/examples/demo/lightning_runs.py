@@ -24,7 +24,7 @@ from .recorder import Recorder, load_result
 
 
 class DigitsModule(pl.LightningModule):
-    """The digits CNN trained with FusedSGD (momentum, weight decay) on the run's schedule:
+    """The digits CNN trained with FusedSGD (momentum, weight decay, state_dtype) on the run's schedule:
     cosine over ``run.schedule_steps`` after a linear warm-up from lr/S (``interval="step"``:
     with AdaScaleCallback it follows ⌊τ⌋)."""
 
@@ -44,8 +44,7 @@ class DigitsModule(pl.LightningModule):
 
     def configure_optimizers(self):
         run = self.run
-        opt = FusedSGD(self.parameters(), lr=run.lr, momentum=self.demo_setup.momentum,
-                       weight_decay=self.demo_setup.weight_decay)
+        opt = FusedSGD(self.parameters(), lr=run.lr, **self.demo_setup.optimizer_options())
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=run.schedule_steps - run.warmup_steps)
         if run.warmup_steps:
             warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1 / run.scale, total_iters=run.warmup_steps)

@@ -76,8 +76,7 @@ def config(run: Run, setup: Setup, work_dir: Path) -> Config:
         optim_wrapper=dict(
             type="mmengine_optim.AdaScaleOptimWrapper" if adascale else "mmengine_optim.FusedOptimWrapper",
             accumulative_counts=run.accumulate,
-            optimizer=dict(type="mmengine_optim.FusedSGD", lr=run.lr, momentum=setup.momentum,
-                           weight_decay=setup.weight_decay)),
+            optimizer=dict(type="mmengine_optim.FusedSGD", lr=run.lr, **setup.optimizer_options())),
         param_scheduler=(warmup if run.warmup_steps else []) + [cosine],
         default_hooks=dict(
             param_scheduler=dict(type="mmengine_optim.UpdateParamSchedulerHook",

@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 
+STATE_DTYPES = (None, "bfloat16", "8bit")  # the momentum buffer's formats (fused_optim.state_formats)
+
+
 @dataclass(frozen=True)
 class Setup:
     """What every run shares: the baseline's batch, optimizer and budget."""
@@ -26,10 +29,18 @@ class Setup:
     warmup_fraction: float = 0.1  # of a linear-scaling run's updates
     evaluations: int = 40  # validation points per run, evenly spaced in τ
     seed: int = 0
+    state_dtype: str | None = None  # FusedSGD's momentum buffer: fp32 (None), "bfloat16" or "8bit"
 
     def __post_init__(self):
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < float("inf")):
             raise ValueError(f"Invalid lr: {self.lr!r} (a positive number: the baseline's learning rate)")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"Invalid state_dtype: {self.state_dtype!r} (None for fp32 state, 'bfloat16' or '8bit')")
+
+    def optimizer_options(self) -> dict:
+        """FusedSGD's keyword arguments every run shares (state_dtype only when compact)."""
+        compact = {} if self.state_dtype is None else dict(state_dtype=self.state_dtype)
+        return dict(momentum=self.momentum, weight_decay=self.weight_decay, **compact)
 
 
 QUICK = dict(budget=320, evaluations=16)

@@ -12,7 +12,8 @@ def table(results: list[dict], setup: Setup, framework: str) -> str:
     """Markdown: one row per run (final validation accuracy and loss, updates and the factor
     fewer than the baseline's, τ, gain range, wall time) under a line stating the setup."""
     base_steps = next(r["steps"] for r in results if r["run"]["method"] == "baseline")
-    lines = [f"digits 8×8 (1438 train / 359 val), CNN, FusedSGD momentum {setup.momentum}, "
+    state = "" if setup.state_dtype is None else f" ({setup.state_dtype} state)"
+    lines = [f"digits 8×8 (1438 train / 359 val), CNN, FusedSGD momentum {setup.momentum}{state}, "
              f"B = {setup.batch_size}, lr = {setup.lr}, budget T = {setup.budget}, {framework}, seed {setup.seed}", "",
              "| run | val acc % | val loss | updates | fewer updates | τ | gain min–max | wall s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
