@@ -78,7 +78,7 @@ void for_each_row(at::TensorList memories, const F& fn) {
 }
 
 template <typename T>
-T lane_sum(const at::vec::Vectorized<T>& v) {
+T row_lane_sum(const at::vec::Vectorized<T>& v) {
   __at_align__ T lanes[at::vec::Vectorized<T>::size()];
   v.store(lanes);
   T sum = lanes[0];
@@ -116,7 +116,7 @@ struct Accumulate {
       store_first(s, e + l, c);
       for (int k = 0; k < R; ++k) acc[k][u] = at::vec::fmadd(load_first<V>(qt + k * m + l, c), s, acc[k][u]);
     }
-    for (int k = 0; k < R; ++k) p[k * n] = lane_sum(acc[k][0] + acc[k][1]);
+    for (int k = 0; k < R; ++k) p[k * n] = row_lane_sum(acc[k][0] + acc[k][1]);
   }
 };
 
