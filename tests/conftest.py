@@ -1,4 +1,6 @@
 import os
+import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,17 @@ def kernels():
     """Build (or load) the CPU kernels once; a build failure fails the run loudly here."""
     _build.load()
     torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def seeded_rng(request):
+    """Each test draws from torch's and Python's global generators seeded from its own id: its
+    data is the same whichever tests ran before it and in every run (torch seeds its default
+    generator at random at startup), so a failure reproduces from the test's id alone (its file's
+    name and its name with parameters: the same from any working directory)."""
+    seed = zlib.crc32(f"{request.node.path.name}::{request.node.name}".encode())
+    torch.manual_seed(seed)
+    random.seed(seed)
 
 
 def pytest_collection_modifyitems(config, items):
