@@ -128,11 +128,32 @@ def test_cuda_kernel_equals_reference_and_cpu_kernel(backend, op, dtype, offset)
     backend.op(op)(*cuda_args, **_kwargs_on(kwargs, backend.device))
     SPECS[op].run_reference(*ref_args, **_kwargs_on(kwargs, backend.device))
     assert cuda_args[0][1].device.type == backend.device.type
+    if SPECS[op].settles:
+        # The update reads the moments back as stored: an implementation's params are compared
+        # with the reference's update from that implementation's stored moments, which are
+        # compared with each other's and the reference's. (Two implementations may round a new
+        # moment to storage on either side of a tie, one ulp apart, both correct; that ulp of v
+        # moves u by half its relative size, and an element that dominates ||u|| steps by up to
+        # lr·||p||: a difference of a few ulps of p, not the one rounding the tolerance allows.)
+        for impl, name in ((cuda_args, "CUDA kernel"), (cpu_args, "CPU kernel")):
+            _assert_same(impl[:1], _reference_from_stored_moments(op, args, kwargs, impl, backend.device)[:1], dtype,
+                         f"{op}: {name} vs the reference from its moments")
+        cuda_args, cpu_args, ref_args = cuda_args[1:], cpu_args[1:], ref_args[1:]
     _assert_same(cuda_args, cpu_args, dtype, f"{op}: CUDA vs CPU kernel")
     if op == "sign_sgd_":
         for p, r, tie in zip(cuda_args[0], ref_args[0], _sign_ties(args, ref_args)):
             r[tie.to(r.device)] = p[tie.to(p.device)]  # left out of the comparison
     _assert_same(cuda_args, ref_args, dtype, f"{op}: CUDA kernel vs reference")
+
+
+def _reference_from_stored_moments(op, args, kwargs, impl, device):
+    """The reference run on a copy of ``args`` whose update reads back (``settle``) the moments as
+    ``impl`` (an implementation's arguments after its call) stored them, in place of its own."""
+    ref_args = _to(args, device)
+    stored = {id(r): x for r_list, x_list in zip(ref_args[2:], impl[2:]) if isinstance(r_list, list)
+              for r, x in zip(r_list, x_list) if isinstance(r, torch.Tensor)}
+    SPECS[op].run_reference(*ref_args, **_kwargs_on(kwargs, device), settle=lambda t: t.copy_(stored[id(t)]))
+    return ref_args
 
 
 def test_lamb_clips_by_the_norm_of_its_own_grads(backend):
