@@ -255,10 +255,12 @@ def test_the_compact_kernel_is_the_compact_reference(op, fmt, param_dtype, sr_st
     assert any(not torch.equal(a, b) for a, b in zip(lists[0], inputs[2][0]))
 
 
-# The kernels encode and decode whole SIMD vectors (csrc/cpu/state_code_lanes.h) and each chunk's
-# tail element by element (../shared/state_codes.h): 3 full blocks and one of 45 elements cover
-# both on AVX-512 (16 lanes) and AVX2 (8). Ops whose rule only copies a value make the comparison
-# exact: no fused multiply-add can move a value across a rounding boundary.
+# The kernels encode and decode whole SIMD vectors (csrc/shared/state_codes.h's templates on the
+# lanes of csrc/cpu/state_code_lanes.h) and encode each chunk's tail element by element (the same
+# templates on floats): 3 full blocks and one of 45 elements cover both on AVX-512 (16 lanes) and
+# AVX2 (8). Ops whose rule only copies a value make the comparison exact: no fused multiply-add can
+# move a value across a rounding boundary. (The CUDA kernels' per-element decode and bf16 rounding:
+# tests/test_compact_cuda.py.)
 _EXACT_NUMEL = 3 * sf.BLOCK + 45
 
 
