@@ -89,7 +89,8 @@ struct Bf16Elements {
     for (int e = 0; e < kPerLane; ++e) {
       const int64_t i = block + lane + 32 * e;
       if (i >= end) continue;
-      data[i] = static_cast<uint16_t>(stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, i), static_cast<uint32_t>(i)))
+      const auto low = static_cast<uint32_t>(i);
+      data[i] = static_cast<uint16_t>(stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, i), low))
                                                  : bf16_nearest(v[e]));
     }
   }

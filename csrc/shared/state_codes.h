@@ -98,7 +98,8 @@ FUSED_OPTIM_HD typename Words<F>::U q8_encode(F x, float inv_scale) {
   const F y = float_of(magnitude) * inv_scale;
   const U b = bits_of(y);
   // normal: round the fp32 bits to kMantissa mantissa bits, nearest even (a carry moves a binade up)
-  const U normal = (b + ((1u << (C::kShift - 1)) - 1u - (C::kBias << C::kShift)) + ((b >> C::kShift) & 1u)) >> C::kShift;
+  const U normal =
+      (b + ((1u << (C::kShift - 1)) - 1u - (C::kBias << C::kShift)) + ((b >> C::kShift) & 1u)) >> C::kShift;
   // subnormal: y / step < 2^M rounded to an integer, nearest even, by the fp32 addition of 2^23
   const U subnormal = bits_of(y * (1.0f / C::kSubnormalStep) + 8388608.0f) - 0x4b000000u;
   U m = select_bits(b < kQ8SmallestNormal, subnormal, normal);
