@@ -255,22 +255,35 @@ def test_the_compact_kernel_is_the_compact_reference(op, fmt, param_dtype, sr_st
     assert any(not torch.equal(a, b) for a, b in zip(lists[0], inputs[2][0]))
 
 
-# The kernels encode and decode whole SIMD vectors (csrc/cpu/state_code_lanes.h) and each chunk's
-# tail element by element (../shared/state_codes.h): 3 full blocks and one of 45 elements cover
-# both on AVX-512 (16 lanes) and AVX2 (8). Ops whose rule only copies a value make the comparison
+# The CPU kernels encode and decode whole SIMD vectors (csrc/shared/state_codes.h's templates on the
+# lanes of csrc/cpu/state_code_lanes.h) and encode each chunk's tail element by element (the same
+# templates on floats): 3 full blocks and one of 45 elements cover both on AVX-512 (16 lanes) and
+# AVX2 (8). The emulated CUDA functors (csrc/cuda/compact_state.cuh run on the CPU) take every
+# element through the templates on floats. Ops whose rule only copies a value make the comparison
 # exact: no fused multiply-add can move a value across a rounding boundary.
 _EXACT_NUMEL = 3 * sf.BLOCK + 45
 
 
-def _sgd_exact(grad, buf, absmaxes, first_step, **flags):
+_KERNELS = pytest.mark.parametrize("emulated", [False, True], ids=["cpu", "emulated_cuda"])
+
+
+def _kernels(emulated: bool):
+    """The ops of the CPU kernels, or of the emulated CUDA functors."""
+    if emulated:
+        fused_optim._build.load_emulated_cuda()
+        return torch.ops.fused_optim_emulated_cuda
+    fused_optim._build.load("cpu")
+    return torch.ops.fused_optim
+
+
+def _sgd_exact(emulated, grad, buf, absmaxes, first_step, **flags):
     """One sgd_compact_ step of a zero param with lr 1, momentum 1, no dampening and no decay:
     buf <- grad (first step) or the decoded buf + grad, and the param <- -buf (both exact)."""
-    fused_optim._build.load("cpu")
     param = torch.zeros(grad.numel())
     keys = [torch.tensor(987654321)]
-    torch.ops.fused_optim.sgd_compact_([param], [grad], [buf], [], absmaxes, keys, [first_step], lr=1.0,
-                                       momentum=1.0, dampening=0.0, weight_decay=0.0, nesterov=False,
-                                       maximize=False, wd_after_momentum=False, **flags)
+    _kernels(emulated).sgd_compact_([param], [grad], [buf], [], absmaxes, keys, [first_step], lr=1.0,
+                                    momentum=1.0, dampening=0.0, weight_decay=0.0, nesterov=False,
+                                    maximize=False, wd_after_momentum=False, **flags)
     return param
 
 
@@ -282,22 +295,22 @@ def _every_code_per_block():
     return codes, torch.tensor([1.0, 3.7e-3, 0.0, 2.5])
 
 
-def _adam_exact(grad, m, v, absmaxes, beta2):
+def _adam_exact(emulated, grad, m, v, absmaxes, beta2):
     """One adam_compact_ step without bias correction or decay: v <- beta2*v + (1 - beta2)*g*g,
     exact for beta2 = 1 (the decoded v) and beta2 = 0 (g*g, one rounding)."""
-    fused_optim._build.load("cpu")
-    torch.ops.fused_optim.adam_compact_([torch.zeros(grad.numel())], [grad], [m], [v], [], [torch.tensor(0.0)], [],
-                                        absmaxes, [], lr=1.0, beta1=0.9, beta2=beta2, eps=1.0, weight_decay=0.0,
-                                        amsgrad=False, decoupled=True, maximize=False, bias_correction=False)
+    _kernels(emulated).adam_compact_([torch.zeros(grad.numel())], [grad], [m], [v], [], [torch.tensor(0.0)], [],
+                                     absmaxes, [], lr=1.0, beta1=0.9, beta2=beta2, eps=1.0, weight_decay=0.0,
+                                     amsgrad=False, decoupled=True, maximize=False, bias_correction=False)
 
 
-def test_8bit_kernels_decode_every_byte_as_the_reference():
+@_KERNELS
+def test_8bit_kernels_decode_every_byte_as_the_reference(emulated):
     """Signed (SGD's momentum buffer: the param becomes -decoded) and unsigned (Adam's second
     moment with beta2 = 1: v is the decoded value, encoded again) through the vector path and the
     tail: bit for bit the reference's values, codes and absmaxes."""
     codes, absmax = _every_code_per_block()
     buf, absmaxes = codes.clone(), [absmax.clone()]
-    param = _sgd_exact(torch.zeros(_EXACT_NUMEL), buf, absmaxes, first_step=False)
+    param = _sgd_exact(emulated, torch.zeros(_EXACT_NUMEL), buf, absmaxes, first_step=False)
     decoded = sf.decode_8bit(codes, absmax, True)
     assert torch.equal(param, -decoded)
     # the buffer is decoded + 0 (a -0 becomes +0, the byte 0 rather than 128)
@@ -306,7 +319,7 @@ def test_8bit_kernels_decode_every_byte_as_the_reference():
 
     m, m_absmax = sf.encode_8bit(torch.zeros(_EXACT_NUMEL), True)
     v, absmaxes = codes.clone(), [m_absmax, absmax.clone()]
-    _adam_exact(torch.zeros(_EXACT_NUMEL), m, v, absmaxes, beta2=1.0)
+    _adam_exact(emulated, torch.zeros(_EXACT_NUMEL), m, v, absmaxes, beta2=1.0)
     expected, expected_absmax = sf.encode_8bit(sf.decode_8bit(codes, absmax, False), False)
     assert torch.equal(v, expected) and torch.equal(absmaxes[1], expected_absmax)
 
@@ -318,8 +331,9 @@ def _around(values: torch.Tensor, ulps: int = 2) -> torch.Tensor:
 
 
 def _in_blocks(x: torch.Tensor, largest: float) -> torch.Tensor:
-    """x (padded with zeros) as _EXACT_NUMEL elements, each block's first element `largest`."""
-    x = torch.cat([x, torch.zeros(_EXACT_NUMEL)])[:_EXACT_NUMEL]
+    """x repeated to _EXACT_NUMEL elements (so that the CPU's scalar tail, the end of the partial
+    block, encodes some of its values too), each block's first element `largest`."""
+    x = x.repeat(-(-_EXACT_NUMEL // x.numel()))[:_EXACT_NUMEL]
     x[::sf.BLOCK] = largest
     return x
 
@@ -329,7 +343,8 @@ def _midpoints(signed: bool) -> torch.Tensor:
     return (magnitudes[:-1] + magnitudes[1:]) / 2
 
 
-def test_8bit_kernels_encode_every_rounding_boundary_as_the_reference():
+@_KERNELS
+def test_8bit_kernels_encode_every_rounding_boundary_as_the_reference(emulated):
     """Signed: SGD's first step stores the grad itself, encoded; every midpoint between
     neighbouring entries (a tie: blocks of absmax top, so y = |x|) and 2 fp32 ulps either side,
     both signs, through the vector path and the tail, take exactly the reference's codes.
@@ -339,7 +354,7 @@ def test_8bit_kernels_encode_every_rounding_boundary_as_the_reference():
     x = _around(_midpoints(True), 2)
     x = _in_blocks(x * torch.where(torch.arange(x.numel()) % 2 == 0, 1.0, -1.0), sf.top(True))
     buf, absmaxes = torch.zeros(_EXACT_NUMEL, dtype=torch.uint8), [torch.zeros(4)]
-    _sgd_exact(x, buf, absmaxes, first_step=True)
+    _sgd_exact(emulated, x, buf, absmaxes, first_step=True)
     codes, absmax = sf.encode_8bit(x, True)
     assert torch.equal(buf, codes) and torch.equal(absmaxes[0], absmax)
 
@@ -347,14 +362,15 @@ def test_8bit_kernels_encode_every_rounding_boundary_as_the_reference():
     g[-5:] = 1e-15  # v = 1e-30: far below the smallest entry
     m, v = torch.zeros(_EXACT_NUMEL, dtype=torch.uint8), torch.zeros(_EXACT_NUMEL, dtype=torch.uint8)
     absmaxes = [torch.zeros(4), torch.zeros(4)]
-    _adam_exact(g, m, v, absmaxes, beta2=0.0)
+    _adam_exact(emulated, g, m, v, absmaxes, beta2=0.0)
     codes, absmax = sf.encode_8bit(g * g, False)
     assert torch.equal(v, codes) and torch.equal(absmaxes[1], absmax)
     assert bool((codes[-5:] == 1).all())
 
 
+@_KERNELS
 @pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
-def test_bf16_kernels_round_as_the_reference(stochastic):
+def test_bf16_kernels_round_as_the_reference(stochastic, emulated):
     """SGD's first step stores the grad itself, rounded to bf16: values on and next to every
     rounding boundary (ties: low 16 bits 0x8000), denormals, infinities and a NaN, through the
     vector path and the tail, become exactly the reference's bf16 (with its random bits)."""
@@ -365,7 +381,7 @@ def test_bf16_kernels_round_as_the_reference(stochastic):
     x[2::4] = ((bits[2::4] & ~0xFFFF) | 0x7FFF).view(torch.float32)  # just below a tie
     x[3:40] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1e-40, -3e-39] * 7 + [0.0, -0.0])
     buf = torch.zeros(_EXACT_NUMEL, dtype=torch.bfloat16)
-    _sgd_exact(x, buf, [], first_step=True, stochastic_state=stochastic)
+    _sgd_exact(emulated, x, buf, [], first_step=True, stochastic_state=stochastic)
     expected = sf.round_bf16(x, sf.random_bits(987654321, 1, x.numel()) if stochastic else None)
     nan = x.isnan()  # to nearest, torch's conversion (the reference) and c10::BFloat16 pick different NaNs
     assert torch.equal(buf.isnan(), nan)

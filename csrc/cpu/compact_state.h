@@ -9,7 +9,7 @@
 // decode as the rule loads a SIMD block and (bf16) encode as it stores one: no pass of their own.
 // An 8-bit stream stores the updated values to an fp32 stack buffer with their largest magnitude,
 // and after the rule encodes the buffer with that absmax. Encoding and decoding run on SIMD lanes
-// (state_code_lanes.h), bit for bit the per-element definitions.
+// (state_code_lanes.h): the per-element templates instantiated on lanes, a block's tail on floats.
 // The launchers cut tensors between threads only at multiples of kAlign (multi_tensor.h), itself
 // a multiple of kQuantBlock: a block is encoded by the one thread that owns it.
 #pragma once

@@ -89,8 +89,9 @@ struct Bf16Elements {
     for (int e = 0; e < kPerLane; ++e) {
       const int64_t i = block + lane + 32 * e;
       if (i >= end) continue;
-      data[i] = stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, i), static_cast<uint32_t>(i)))
-                           : bf16_nearest(v[e]);
+      const auto low = static_cast<uint32_t>(i);
+      data[i] = static_cast<uint16_t>(stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, i), low))
+                                                 : bf16_nearest(v[e]));
     }
   }
 };
@@ -116,7 +117,7 @@ struct Coded<Q8Coded<Signed>> {
       : codes(static_cast<uint8_t*>(data)), absmax(absmax_) {}
 
   __device__ float load(int64_t i) const {
-    return q8_entry<Signed>(codes[i]) * q8_decode_scale<Signed>(absmax[i / kQ8Block]);
+    return q8_entry<Signed>(static_cast<uint32_t>(codes[i])) * q8_decode_scale<Signed>(absmax[i / kQ8Block]);
   }
 
   // The block's absmax (every lane of the warp calls this: a warp-wide maximum), then the lane's

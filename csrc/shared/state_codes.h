@@ -11,6 +11,13 @@
 //
 // bf16 state and stochastic rounding: the 16 high bits of the fp32 value, rounded to nearest even
 // or with 16 random bits from hash32 of (a per-step seed, the element index).
+//
+// Each format is one template over its word types: a float and its bits as a uint32_t (the CUDA
+// kernels and the CPU's chunk tails), or SIMD lanes of them (csrc/cpu/state_code_lanes.h: GCC
+// vector types, one instruction per operation for all lanes), so every lane's result is bit for
+// bit the scalar one. The operations are written once for both: integer and fp32 arithmetic with a
+// scalar operand broadcast (`U{} + c` is a constant as a word), comparisons, `c ? a : b` where
+// both sides are integer words (a min or max), and select_bits where a side is fp32 arithmetic.
 #pragma once
 
 #include "host_device.h"
@@ -18,25 +25,49 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+
 namespace fused_optim {
 
-FUSED_OPTIM_HD uint32_t bits_of(float x) {
-  uint32_t b;
+// The word types of the formats' functions: F the floats, U their fp32 bits. float and uint32_t
+// here; state_code_lanes.h adds its lanes.
+template <typename T>
+struct Words;
+
+template <>
+struct Words<float> {
+  using F = float;
+  using U = uint32_t;
+};
+
+template <>
+struct Words<uint32_t> : Words<float> {};
+
+template <typename F>
+FUSED_OPTIM_HD typename Words<F>::U bits_of(F x) {
+  typename Words<F>::U b;
   memcpy(&b, &x, sizeof b);
   return b;
 }
 
-FUSED_OPTIM_HD float float_of(uint32_t b) {
-  float x;
+template <typename U>
+FUSED_OPTIM_HD typename Words<U>::F float_of(U b) {
+  typename Words<U>::F x;
   memcpy(&x, &b, sizeof x);
   return x;
 }
 
-// a if c else b, written as masks: GCC vectorizes it where a ?: whose one side is fp32 arithmetic
-// becomes a branch (the AVX2 loops).
-FUSED_OPTIM_HD uint32_t select_bits(bool c, uint32_t a, uint32_t b) {
-  const uint32_t mask = 0u - static_cast<uint32_t>(c);
-  return (a & mask) | (b & ~mask);
+// a if c else b, word by word (c a bool, or a lane mask of comparisons: -1 / 0 per lane). On a
+// uint32_t written as masks: GCC vectorizes it where a ?: whose one side is fp32 arithmetic
+// becomes a branch (the AVX2 loops). On lanes GCC's vector ?: (one blend).
+template <typename C, typename U>
+FUSED_OPTIM_HD U select_bits(C c, U a, U b) {
+  if constexpr (std::is_same_v<U, uint32_t>) {
+    const uint32_t mask = 0u - static_cast<uint32_t>(c);
+    return (a & mask) | (b & ~mask);
+  } else {
+    return c ? a : b;
+  }
 }
 
 // ---- 8-bit ---------------------------------------------------------------------------------
@@ -52,38 +83,51 @@ struct Q8Code {
   static constexpr uint32_t kBias = 111u << kMantissa;  // fp32 exponent 127 - 16 at field 0
   static constexpr float kTop = 1.0f - 1.0f / (2 << kMantissa);
   static constexpr float kSubnormalStep = 1.0f / (1u << (15 + kMantissa));
+  static constexpr uint32_t kSubnormalBase = (127u + 8u - kMantissa) << 23;  // the fp32 bits of 2^(8-M)
 };
 
-// The byte of x in a block whose encode scale is kTop / absmax (0 for absmax 0).
-template <bool Signed>
-FUSED_OPTIM_HD uint32_t q8_encode(float x, float inv_scale) {
+// The byte of x in a block whose encode scale is kTop / absmax (0 for absmax 0). Two steps are
+// arranged to save an instruction (same result): the bias subtracted before the shift (no wrap
+// where the normal code is taken: b >= 2^-15's bits > kBias << kShift), and the byte 1 of a
+// non-zero unsigned value as max(m, min(|x|'s bits, 1)).
+template <bool Signed, typename F>
+FUSED_OPTIM_HD typename Words<F>::U q8_encode(F x, float inv_scale) {
   using C = Q8Code<Signed>;
-  const uint32_t bx = bits_of(x);
-  const float y = float_of(bx & 0x7fffffffu) * inv_scale;
-  const uint32_t b = bits_of(y);
+  using U = typename Words<F>::U;
+  const U magnitude = bits_of(x) & 0x7fffffffu;
+  const F y = float_of(magnitude) * inv_scale;
+  const U b = bits_of(y);
   // normal: round the fp32 bits to kMantissa mantissa bits, nearest even (a carry moves a binade up)
-  const uint32_t normal = ((b + (1u << (C::kShift - 1)) - 1u + ((b >> C::kShift) & 1u)) >> C::kShift) - C::kBias;
+  const U normal =
+      (b + ((1u << (C::kShift - 1)) - 1u - (C::kBias << C::kShift)) + ((b >> C::kShift) & 1u)) >> C::kShift;
   // subnormal: y / step < 2^M rounded to an integer, nearest even, by the fp32 addition of 2^23
-  const uint32_t subnormal = bits_of(y * (1.0f / C::kSubnormalStep) + 8388608.0f) - 0x4b000000u;
-  uint32_t m = select_bits(b < kQ8SmallestNormal, subnormal, normal);
-  m = m < C::kMaxMagnitude ? m : C::kMaxMagnitude;  // (y a few fp32 ulps above kTop, or NaN)
+  const U subnormal = bits_of(y * (1.0f / C::kSubnormalStep) + 8388608.0f) - 0x4b000000u;
+  U m = select_bits(b < kQ8SmallestNormal, subnormal, normal);
+  m = m < C::kMaxMagnitude ? m : U{} + C::kMaxMagnitude;  // (y a few fp32 ulps above kTop, or NaN)
   if constexpr (Signed) {
-    return m | ((bx >> 31) << 7);
+    return m | ((bits_of(x) >> 24) & 0x80u);
   } else {
-    return m | static_cast<uint32_t>((m == 0u) & ((bx & 0x7fffffffu) != 0u));
+    const U nonzero = magnitude < 1u ? magnitude : U{} + 1u;
+    return m > nonzero ? m : nonzero;
   }
 }
 
-// The entry of a byte (before the block's scale absmax / kTop).
-template <bool Signed>
-FUSED_OPTIM_HD float q8_entry(uint32_t code) {
+// The entry of a byte (before the block's scale absmax / kTop). A subnormal m's entry m * step as
+// the encoder's addition of 2^23 undone: m added to the bits of 2^23 * step = 2^(8-M), whose ulp is
+// step, minus 2^(8-M) (exact: no int-to-float conversion, a slow one on GPUs).
+template <bool Signed, typename U>
+FUSED_OPTIM_HD typename Words<U>::F q8_entry(U code) {
   using C = Q8Code<Signed>;
-  const uint32_t m = Signed ? code & 0x7fu : code;
-  // subnormal m: the entry of m + 2^M (binade 2^-15) minus 2^-15, exact
-  const bool subnormal = m < (1u << C::kMantissa);
-  const uint32_t lifted = select_bits(subnormal, 1u << C::kMantissa, 0u);
-  const float magnitude = float_of(((m | lifted) + C::kBias) << C::kShift) - float_of(select_bits(subnormal, kQ8SmallestNormal, 0u));
-  return Signed ? float_of(bits_of(magnitude) | ((code >> 7) << 31)) : magnitude;
+  using F = typename Words<U>::F;
+  const U m = Signed ? code & 0x7fu : code;
+  const F normal = float_of((m + C::kBias) << C::kShift);
+  const F subnormal = float_of(m + C::kSubnormalBase) - float_of(C::kSubnormalBase);
+  const U magnitude = select_bits(m < (1u << C::kMantissa), bits_of(subnormal), bits_of(normal));
+  if constexpr (Signed) {
+    return float_of(magnitude | ((code << 24) & 0x80000000u));
+  } else {
+    return float_of(magnitude);
+  }
 }
 
 // The per-block scales: encode multiplies by kTop / absmax, decode by absmax / kTop.
@@ -99,8 +143,7 @@ FUSED_OPTIM_HD float q8_decode_scale(float absmax) {
 
 // ---- bf16 and stochastic rounding ---------------------------------------------------------
 
-// The bijective 32-bit mix of the random bits (state_formats.hash32), of a uint32_t or of SIMD
-// lanes of them (csrc/cpu/state_code_lanes.h).
+// The bijective 32-bit mix of the random bits (state_formats.hash32), of a uint32_t or of lanes.
 template <typename U>
 FUSED_OPTIM_HD U hash32(U x) {
   x ^= x >> 16;
@@ -128,17 +171,20 @@ FUSED_OPTIM_HD uint32_t seed_at(uint32_t seed, int64_t i) {
 
 FUSED_OPTIM_HD float bf16_value(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
 
-// To nearest even (c10::BFloat16's rounding; a NaN becomes 0x7fc0).
-FUSED_OPTIM_HD uint16_t bf16_nearest(float x) {
-  const uint32_t b = bits_of(x);
-  return static_cast<uint16_t>(x != x ? 0x7fc0u : (b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+// To nearest even (c10::BFloat16's rounding; a NaN becomes 0x7fc0): the bf16 bits in the low half.
+template <typename F>
+FUSED_OPTIM_HD typename Words<F>::U bf16_nearest(F x) {
+  using U = typename Words<F>::U;
+  const U b = bits_of(x);
+  return select_bits(x != x, U{} + 0x7fc0u, (b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
 // With 16 random bits added below the bf16 mantissa, then truncated; a NaN keeps its sign and high
 // bits and becomes quiet.
-FUSED_OPTIM_HD uint16_t bf16_stochastic(float x, uint32_t bits) {
-  const uint32_t b = bits_of(x);
-  return static_cast<uint16_t>(x != x ? ((b >> 16) | 0x40u) : (b + bits) >> 16);
+template <typename F>
+FUSED_OPTIM_HD typename Words<F>::U bf16_stochastic(F x, typename Words<F>::U bits) {
+  const typename Words<F>::U b = bits_of(x);
+  return select_bits(x != x, (b >> 16) | 0x40u, (b + bits) >> 16);
 }
 
 // The format of a call's compact state lists (every compact list of a call has one): the values'
