@@ -124,6 +124,43 @@ def channels_last_run(memory_format, rank: int) -> list[torch.Tensor]:
     return [p.detach().contiguous() for p in conv.parameters()]
 
 
+def mixed_dtype_runs(rank: int) -> dict[str, list]:
+    """PowerSGD (momentum 0.9, 4 steps) on a float64 matrix, a float32 matrix and a float64 vector,
+    rank-dependent grads: {"rank1": its trajectory at rank 1 (warm start), "float64_only": that
+    without the float32 matrix, "full_rank": rank 5, "exact": CentralizedSGD, "resume": resumed()
+    of the warm start, saved after 2 steps}."""
+    from fused_optim import distributed as d
+
+    torch.manual_seed(0)
+    init = [torch.randn(4, 6, dtype=torch.float64), torch.randn(3, 5), torch.randn(4, dtype=torch.float64)]
+    gen = torch.Generator().manual_seed(rank)
+    grads = [[torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in init] for _ in range(4)]
+
+    def trajectory(make, keep=(0, 1, 2)):
+        model = model_of([init[i] for i in keep])
+        opt = make(model)
+        steps = []
+        for gs in grads:
+            for p, i in zip(model.parameters(), keep):
+                p.grad = gs[i].clone()
+            opt.step()
+            steps.append([p.detach().clone() for p in model.parameters()])
+        return steps
+
+    def powersgd(rank_, **kw):
+        return lambda m: d.PowerSGD(m, lr=0.1, momentum=0.9, rank=rank_, seed=3, **kw)
+
+    def warm():
+        model = model_of(init)
+        return model, powersgd(1, reuse_query=True)(model)
+
+    return {"rank1": trajectory(powersgd(1, reuse_query=True)),
+            "float64_only": trajectory(powersgd(1, reuse_query=True), keep=(0, 2)),
+            "full_rank": trajectory(powersgd(5)), "exact": trajectory(lambda m: d.CentralizedSGD(2, m, lr=0.1,
+                                                                                                 momentum=0.9)),
+            "resume": resumed(warm, grads, stop=2)}
+
+
 def collectives(make, backward: bool = False) -> dict[str, int] | dict[str, dict[str, int]]:
     """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
     on a model of 4 tensors. ``backward``: the grads come from a backward, and the calls during
@@ -251,6 +288,10 @@ def main(rank: int, world: int, out_dir: str) -> None:
         }.items()}
         checks["channels_last"] = [channels_last_run(fmt, rank) for fmt in (torch.contiguous_format,
                                                                              torch.channels_last)]
+        try:
+            checks["powersgd_mixed_dtypes"] = mixed_dtype_runs(rank)
+        except Exception as e:  # reported by the test
+            checks["powersgd_mixed_dtypes"] = f"{type(e).__name__}: {e}"
         shapes = [(4, 6), (4,)] if rank == 0 else [(4, 6), (4,), (2,)]
         expect_error(errors, "unequal_params",
                      lambda: d.CentralizedSGD(2, model_of([torch.zeros(s) for s in shapes]), lr=0.1))

@@ -119,6 +119,28 @@ def test_powersgd_takes_channels_last_params(ranks2):
             torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
 
 
+def test_powersgd_takes_matrices_of_several_dtypes(ranks2):
+    """A float64 and a float32 matrix: each dtype has its own flat P and Q (a flat buffer, and the
+    kernels, take one dtype). With a warm start (queries drawn at the first step only, the float64
+    matrix's first) the float64 params follow, bit for bit, a run without the float32 matrix; at full rank both
+    matrices follow CentralizedSGD's exact average within TOL, taken in units of each dtype's
+    epsilon; a run resumed from a state dict (warm-start Q of both dtypes) continues exactly."""
+    ratio = torch.finfo(torch.float32).eps / torch.finfo(torch.float64).eps
+    tol32 = {k: v * ratio for k, v in TOL.items()}
+    for rank, result in enumerate(ranks2):
+        runs = result["checks"]["powersgd_mixed_dtypes"]
+        assert not isinstance(runs, str), f"rank {rank} raised: {runs}"
+        for mixed, alone in zip(runs["rank1"], runs["float64_only"], strict=True):
+            assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[2], alone[1])
+        for t, (full, exact) in enumerate(zip(runs["full_rank"], runs["exact"], strict=True)):
+            torch.testing.assert_close(full[0], exact[0], **TOL, msg=lambda m: f"rank {rank}, step {t}: {m}")
+            torch.testing.assert_close(full[1], exact[1], **tol32, msg=lambda m: f"rank {rank}, step {t}: {m}")
+        assert (runs["rank1"][-1][1] - runs["exact"][-1][1]).abs().max() > 1e-3  # rank 1 compresses the float32 one
+        straight, resumed, saved = runs["resume"]
+        assert all(torch.equal(a, b) for sa, sb in zip(straight, resumed) for a, b in zip(sa, sb)), f"rank {rank}"
+        assert [q.dtype for q in saved["communication"]["q_t"]] == [torch.float64, torch.float32]
+
+
 def test_powersgd_by_layer_follows_mlbench(ranks2):
     """by_layer=True (P, Q and every exact grad reduced one tensor at a time, all in flight at
     once) sums the same elements as the flat buffers: mlbench's trajectory, within TOL."""
@@ -232,15 +254,19 @@ def model_of(*shapes, seed=0):
 def test_powersgd_loads_the_warm_start_q_of_the_earlier_layout():
     """Checkpoints from before Q was kept transposed hold each matrix's Q (m × r) under "q": it is
     loaded as the Qᵀ (r × m) the step uses, not copied flat (which would scramble the warm start
-    without an error)."""
+    without an error). Those from before Q was kept per dtype hold one flat Qᵀ under "q_t"."""
     opt = d.PowerSGD(model_of((4, 6), (3, 5), (4,)), lr=0.1, rank=2)
     state = opt.state_dict()
     gen = torch.Generator().manual_seed(0)
     qts = [torch.randn(r, m, dtype=torch.float64, generator=gen) for (_, m), r in zip(opt._shapes, opt._ranks)]
     state["communication"]["q"] = torch.cat([qt.t().reshape(-1) for qt in qts])
     opt.load_state_dict(state)
-    assert torch.equal(opt.q, torch.cat([qt.reshape(-1) for qt in qts]))
+    assert torch.equal(opt.q[0], torch.cat([qt.reshape(-1) for qt in qts]))
     assert "q_t" in opt.state_dict()["communication"]
+    del state["communication"]["q"]  # and before Q was kept per dtype: one flat Qᵀ
+    state["communication"]["q_t"] = torch.cat([qt.reshape(-1) for qt in qts]) * 2
+    opt.load_state_dict(state)
+    assert len(opt.q) == 1 and torch.equal(opt.q[0], state["communication"]["q_t"])
 
 
 def test_single_process_is_the_inner_optimizer():
