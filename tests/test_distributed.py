@@ -271,7 +271,8 @@ def test_powersgd_loads_the_warm_start_q_of_the_earlier_layout():
 
 def test_single_process_is_the_inner_optimizer():
     """Without a process group (world size 1) nothing is communicated: each class steps as its
-    inner optimizer, and step returns the closure's loss."""
+    inner optimizer, and step returns the closure's loss. A param without a grad (the second, on
+    the second step) is left alone, as torch.optim leaves it (a zero grad would move it: momentum)."""
     grads = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
     reference = model_of((4, 6), (4,))
     ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
@@ -279,10 +280,10 @@ def test_single_process_is_the_inner_optimizer():
     opts = [d.CentralizedSGD(None, models[0], lr=0.1, momentum=0.9),
             d.PowerSGD(models[1], lr=0.1, momentum=0.9),
             d.DecentralizedSGD(0, [], models[2], lr=0.1, momentum=0.9)]
-    for _ in range(3):
+    for step in range(3):
         for m in [reference, *models]:
-            for p, g in zip(m.parameters(), grads):
-                p.grad = g.clone()
+            for i, (p, g) in enumerate(zip(m.parameters(), grads)):
+                p.grad = None if (step, i) == (1, 1) else g.clone()
         ref.step()
         for opt in opts:
             assert opt.step(lambda: 1.5) == 1.5

@@ -107,7 +107,9 @@ class PowerSGD(CommunicatingOptimizer):
     grads' launched first and waited for last, so their transfer overlaps the compression). On CPU
     the passes over E and G are two kernels (:func:`accumulate_project_`, :func:`decompress_`).
     Before ``start_iter`` steps every grad is averaged exactly (no memory). rank ≥ min(n, m)
-    reproduces the exact average (P spans the range of Σ M).
+    reproduces the exact average (P spans the range of Σ M). With several ranks a param whose grad
+    is None contributes zeros (every rank sends the same layout) and receives the average; with
+    one rank nothing is communicated and the inner SGD steps as it would alone.
 
     The memories E, the Q of a warm start (a list of flat tensors, one per dtype and device of the
     matrices, each matrix's Qᵀ, r × m), the step count and the generator are in the state dict.
@@ -171,12 +173,12 @@ class PowerSGD(CommunicatingOptimizer):
     @torch.no_grad()
     def _before_step(self) -> None:
         params = self.params
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         self.iteration += 1
         if self.world_size <= 1:
             return
+        for p in params:  # every rank sends the same layout: a missing grad contributes zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if self.iteration <= self.start_iter or not self.compressed:
             comm.all_reduce_mean_([p.grad for p in params], self.world_size, by_layer=self.by_layer,
                                   cap_mb=self.bucket_cap_mb)
