@@ -340,6 +340,8 @@ class FusedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._check_group(merged)  # before torch adds the group: a bad group leaves no trace
+        if "state_dtype" in param_group:  # as the check normalized it: torch.bfloat16 and "bf16" are "bfloat16"
+            param_group["state_dtype"] = merged["state_dtype"]
         super().add_param_group(param_group)
         complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
         if complex_params:
