@@ -7,6 +7,8 @@ per rank, all checks in it); the tests read its results. Plus single-process che
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from pathlib import Path
 
@@ -290,6 +292,35 @@ def test_single_process_is_the_inner_optimizer():
     for m in models:
         for a, b in zip(m.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)  # the same float64 ops
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: d.CentralizedSGD(None, m, lr=0.1, momentum=0.9),
+    lambda m: d.PowerSGD(m, lr=0.1, momentum=0.9, reuse_query=True),
+    lambda m: d.DecentralizedSGD(0, [], m, lr=0.1, momentum=0.9),
+    lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.Adam(m.parameters(), lr=0.1)),
+], ids=["centralized", "powersgd", "decentralized", "custom"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_continue_as_the_original(make, how):
+    """copy.deepcopy and pickling (as of any torch.optim optimizer) give an optimizer of copied
+    params that continues exactly as the original (they raised AttributeError: torch's
+    __setstate__ reads the groups through the inner optimizer before it is set)."""
+    model = model_of((4, 6), (4,))
+    opt = make(model)
+    grads = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g.clone()
+    opt.step()
+    twin = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    twin_params = [p for group in twin.param_groups for p in group["params"]]
+    assert all(a is not b for a, b in zip(twin_params, model.parameters()))
+    for _ in range(2):
+        for ps in (list(model.parameters()), twin_params):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        opt.step()
+        twin.step()
+    assert all(torch.equal(a, b) for a, b in zip(twin_params, model.parameters()))
 
 
 @pytest.mark.parametrize("make, pattern", [
