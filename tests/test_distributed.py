@@ -201,6 +201,18 @@ def test_overlap_is_the_synchronous_path_bit_for_bit(case_id, request):
                        for a, b in zip(sa, sb)), f"rank {rank}, {mode}"
 
 
+def test_a_copy_of_an_overlapping_optimizer_hooks_its_own_params(ranks2):
+    """copy.deepcopy of CentralizedSGD(overlap=True) after a step: the copy's backwards launch its
+    own all-reduces and both follow the synchronous path bit for bit; dropping the copy leaves
+    the original's hooks in place (a copied handle would remove them: no more overlap)."""
+    for rank, result in enumerate(ranks2):
+        runs = result["checks"]["overlap_copies"]
+        assert not isinstance(runs, str), f"rank {rank} raised: {runs}"
+        assert runs["launched"] == [True] * 5
+        assert all(torch.equal(a, b) for a, b in zip(runs["original"], runs["sync"][3]))
+        assert all(torch.equal(a, b) for a, b in zip(runs["copy"], runs["sync"][2]))
+
+
 def test_overlap_launches_the_buckets_during_the_backward(ranks2):
     """2 buckets: both all-reduces start in the backward, step adds the 1-element staleness
     check; a dropped overlapping optimizer's hooks launch nothing."""
