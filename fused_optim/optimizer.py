@@ -164,7 +164,6 @@ class _Bucket:
     state: tuple  # the op's state tensor lists
     per_step: tuple  # the op's other list arguments (e.g. first-step flags)
     fused: bool
-    dtype: torch.dtype
     compact: dict | None = None  # the compact twin's flags (its lists end ``state``), or None: the plain op
     _id: int | None = None
 
@@ -341,6 +340,8 @@ class FusedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         merged = {**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}}
         self._check_group(merged)  # before torch adds the group: a bad group leaves no trace
+        if "state_dtype" in param_group:  # as the check normalized it: torch.bfloat16 and "bf16" are "bfloat16"
+            param_group["state_dtype"] = merged["state_dtype"]
         super().add_param_group(param_group)
         complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
         if complex_params:
@@ -407,6 +408,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         loss = run_closure(closure)
         grad_scale, found_inf = self._amp_args()
         self._prepare_step()
+        self._check_later_groups()
         used = set()
         for gi, group in enumerate(self.param_groups):
             scalars = self._scalars(group)
@@ -570,7 +572,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 self._fallback(f"param {i} of group {gi} {reason}")
             by_kind.setdefault((layers.of(p), p.device, p.dtype, reason is None), []).append(i)
         fresh_ids = {id(made.state) for made in plan.created}
-        for (_, _, dtype, fused), index in by_kind.items():
+        for (_, _, _, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
@@ -579,7 +581,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             if state_formats.is_compact(group):
                 compact, extra = self._compact_lists(group, params, states, state)
                 state = (*state, *extra)
-            plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, dtype, compact))
+            plan.buckets.append(_Bucket(index, whole, params, state, per_step, fused, compact))
 
     @staticmethod
     def _make_master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> None:
@@ -706,6 +708,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._spec.run_compact_reference(*args, **amp, **scalars, **bucket.compact)
         return "reference"
 
+    def _check_later_groups(self) -> None:
+        """``_check_grads`` on the grads of every group after the first, before the first steps: a
+        step that raises for a grad then leaves every group as it found it, not only that grad's
+        group (the first group's grads are checked by its own step before it writes)."""
+        strided, fused = torch.strided, bool(self.fused)
+        for gi, group in enumerate(self.param_groups[1:], 1):
+            for p in group["params"]:  # the hot path: a quick look; the error is _check_grads'
+                g = p.grad
+                if g is not None and (g.layout is not strided or g.shape != p.shape or (fused and g.dtype != p.dtype)):
+                    index = [i for i, q in enumerate(group["params"]) if q.grad is not None]
+                    params = [group["params"][i] for i in index]
+                    # one bucket of the group's params with grads (fused: the dtype refused with fused=True)
+                    self._check_grads(_Bucket(index, False, params, (), (), True), [q.grad for q in params], gi)
+
     def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:
         """Raises, naming the param by its index in its group, for a grad no implementation takes:
         sparse, or not of its param's shape; with ``fused=True`` also for a grad whose dtype is
@@ -729,9 +745,9 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _dtype_mismatch(bucket: _Bucket, grads: list[Tensor], gi: int) -> str | None:
         """Why a fused bucket's kernel cannot take these grads because of their dtype, or None."""
         if bucket.fused:
-            for i, g in zip(bucket.index, grads):
-                if g.dtype != bucket.dtype:
-                    return (f"group {gi} has gradients whose dtype differs from their params' ({bucket.dtype}): "
+            for i, p, g in zip(bucket.index, bucket.params, grads):
+                if g.dtype != p.dtype:
+                    return (f"group {gi} has gradients whose dtype differs from their params' ({p.dtype}): "
                             f"param {i} of group {gi} has a {g.dtype} gradient")
         return None
 

@@ -207,8 +207,9 @@ def is_compact(group: dict) -> bool:
 
 
 def target_dtype(group: dict, values_dtype: torch.dtype) -> torch.dtype:
-    """The dtype of a group's compact-able state tensors for values (param or master) of ``values_dtype``."""
-    fmt = group.get("state_dtype")
+    """The dtype of a group's compact-able state tensors for values (param or master) of ``values_dtype``
+    (a group's ``state_dtype`` set after construction in any spelling the keyword takes, or refused)."""
+    fmt = normalized_state_dtype(group.get("state_dtype"))
     if fmt == "8bit":
         return torch.uint8
     if fmt == "bfloat16":

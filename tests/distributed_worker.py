@@ -124,6 +124,86 @@ def channels_last_run(memory_format, rank: int) -> list[torch.Tensor]:
     return [p.detach().contiguous() for p in conv.parameters()]
 
 
+def mixed_dtype_runs(rank: int) -> dict[str, list]:
+    """PowerSGD (momentum 0.9, 4 steps) on a float64 matrix, a float32 matrix and a float64 vector,
+    rank-dependent grads: {"rank1": its trajectory at rank 1 (warm start), "float64_only": that
+    without the float32 matrix, "full_rank": rank 5, "exact": CentralizedSGD, "resume": resumed()
+    of the warm start, saved after 2 steps}."""
+    from fused_optim import distributed as d
+
+    torch.manual_seed(0)
+    init = [torch.randn(4, 6, dtype=torch.float64), torch.randn(3, 5), torch.randn(4, dtype=torch.float64)]
+    gen = torch.Generator().manual_seed(rank)
+    grads = [[torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in init] for _ in range(4)]
+
+    def trajectory(make, keep=(0, 1, 2)):
+        model = model_of([init[i] for i in keep])
+        opt = make(model)
+        steps = []
+        for gs in grads:
+            for p, i in zip(model.parameters(), keep):
+                p.grad = gs[i].clone()
+            opt.step()
+            steps.append([p.detach().clone() for p in model.parameters()])
+        return steps
+
+    def powersgd(rank_, **kw):
+        return lambda m: d.PowerSGD(m, lr=0.1, momentum=0.9, rank=rank_, seed=3, **kw)
+
+    def warm():
+        model = model_of(init)
+        return model, powersgd(1, reuse_query=True)(model)
+
+    return {"rank1": trajectory(powersgd(1, reuse_query=True)),
+            "float64_only": trajectory(powersgd(1, reuse_query=True), keep=(0, 2)),
+            "full_rank": trajectory(powersgd(5)), "exact": trajectory(lambda m: d.CentralizedSGD(2, m, lr=0.1,
+                                                                                                 momentum=0.9)),
+            "resume": resumed(warm, grads, stop=2)}
+
+
+def overlap_copies(rank: int) -> dict[str, list]:
+    """CentralizedSGD(overlap=True) deep-copied after its first step; the original and the copy
+    step on (grads from backwards) side by side, then the copy is dropped and the original steps
+    once more. {"original": its params (4 steps), "copy": the copy's (3 steps), "sync": the
+    synchronous path's after each step, "launched": whether each backward launched its bucket
+    (original, copy, original, copy, original after the copy was dropped)}."""
+    import copy
+    import gc
+
+    from fused_optim import distributed as d
+
+    torch.manual_seed(0)
+    init = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    gen = torch.Generator().manual_seed(rank)
+    grads = [[torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in init] for _ in range(4)]
+
+    def step(opt, gs) -> bool:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        opt.zero_grad()
+        sum((p * g).sum() for p, g in zip(params, gs)).backward()  # grads exactly gs
+        launched = bool(opt._overlap and opt._overlap._launched)
+        opt.step()
+        return launched
+
+    sync = d.CentralizedSGD(2, model_of(init), lr=0.1, momentum=0.9)
+    sync_params = []
+    for gs in grads:
+        step(sync, gs)
+        sync_params.append([p.detach().clone() for p in sync.params])
+    model = model_of(init)
+    opt = d.CentralizedSGD(2, model, lr=0.1, momentum=0.9, overlap=True)
+    launched = [step(opt, grads[0])]
+    twin = copy.deepcopy(opt)
+    for gs in grads[1:3]:
+        launched += [step(opt, gs), step(twin, gs)]
+    twin_params = [p.detach().clone() for p in twin.params]
+    del twin
+    gc.collect()
+    launched.append(step(opt, grads[3]))
+    return {"original": [p.detach().clone() for p in model.parameters()], "copy": twin_params, "sync": sync_params,
+            "launched": launched[1:]}
+
+
 def collectives(make, backward: bool = False) -> dict[str, int] | dict[str, dict[str, int]]:
     """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
     on a model of 4 tensors. ``backward``: the grads come from a backward, and the calls during
@@ -251,6 +331,14 @@ def main(rank: int, world: int, out_dir: str) -> None:
         }.items()}
         checks["channels_last"] = [channels_last_run(fmt, rank) for fmt in (torch.contiguous_format,
                                                                              torch.channels_last)]
+        try:
+            checks["overlap_copies"] = overlap_copies(rank)
+        except Exception as e:  # reported by the test
+            checks["overlap_copies"] = f"{type(e).__name__}: {e}"
+        try:
+            checks["powersgd_mixed_dtypes"] = mixed_dtype_runs(rank)
+        except Exception as e:  # reported by the test
+            checks["powersgd_mixed_dtypes"] = f"{type(e).__name__}: {e}"
         shapes = [(4, 6), (4,)] if rank == 0 else [(4, 6), (4,), (2,)]
         expect_error(errors, "unequal_params",
                      lambda: d.CentralizedSGD(2, model_of([torch.zeros(s) for s in shapes]), lr=0.1))

@@ -7,6 +7,8 @@ per rank, all checks in it); the tests read its results. Plus single-process che
 
 from __future__ import annotations
 
+import copy
+import pickle
 import re
 from pathlib import Path
 
@@ -119,6 +121,28 @@ def test_powersgd_takes_channels_last_params(ranks2):
             torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-14)
 
 
+def test_powersgd_takes_matrices_of_several_dtypes(ranks2):
+    """A float64 and a float32 matrix: each dtype has its own flat P and Q (a flat buffer, and the
+    kernels, take one dtype). With a warm start (queries drawn at the first step only, the float64
+    matrix's first) the float64 params follow, bit for bit, a run without the float32 matrix; at full rank both
+    matrices follow CentralizedSGD's exact average within TOL, taken in units of each dtype's
+    epsilon; a run resumed from a state dict (warm-start Q of both dtypes) continues exactly."""
+    ratio = torch.finfo(torch.float32).eps / torch.finfo(torch.float64).eps
+    tol32 = {k: v * ratio for k, v in TOL.items()}
+    for rank, result in enumerate(ranks2):
+        runs = result["checks"]["powersgd_mixed_dtypes"]
+        assert not isinstance(runs, str), f"rank {rank} raised: {runs}"
+        for mixed, alone in zip(runs["rank1"], runs["float64_only"], strict=True):
+            assert torch.equal(mixed[0], alone[0]) and torch.equal(mixed[2], alone[1])
+        for t, (full, exact) in enumerate(zip(runs["full_rank"], runs["exact"], strict=True)):
+            torch.testing.assert_close(full[0], exact[0], **TOL, msg=lambda m: f"rank {rank}, step {t}: {m}")
+            torch.testing.assert_close(full[1], exact[1], **tol32, msg=lambda m: f"rank {rank}, step {t}: {m}")
+        assert (runs["rank1"][-1][1] - runs["exact"][-1][1]).abs().max() > 1e-3  # rank 1 compresses the float32 one
+        straight, resumed, saved = runs["resume"]
+        assert all(torch.equal(a, b) for sa, sb in zip(straight, resumed) for a, b in zip(sa, sb)), f"rank {rank}"
+        assert [q.dtype for q in saved["communication"]["q_t"]] == [torch.float64, torch.float32]
+
+
 def test_powersgd_by_layer_follows_mlbench(ranks2):
     """by_layer=True (P, Q and every exact grad reduced one tensor at a time, all in flight at
     once) sums the same elements as the flat buffers: mlbench's trajectory, within TOL."""
@@ -177,6 +201,18 @@ def test_overlap_is_the_synchronous_path_bit_for_bit(case_id, request):
                        for a, b in zip(sa, sb)), f"rank {rank}, {mode}"
 
 
+def test_a_copy_of_an_overlapping_optimizer_hooks_its_own_params(ranks2):
+    """copy.deepcopy of CentralizedSGD(overlap=True) after a step: the copy's backwards launch its
+    own all-reduces and both follow the synchronous path bit for bit; dropping the copy leaves
+    the original's hooks in place (a copied handle would remove them: no more overlap)."""
+    for rank, result in enumerate(ranks2):
+        runs = result["checks"]["overlap_copies"]
+        assert not isinstance(runs, str), f"rank {rank} raised: {runs}"
+        assert runs["launched"] == [True] * 5
+        assert all(torch.equal(a, b) for a, b in zip(runs["original"], runs["sync"][3]))
+        assert all(torch.equal(a, b) for a, b in zip(runs["copy"], runs["sync"][2]))
+
+
 def test_overlap_launches_the_buckets_during_the_backward(ranks2):
     """2 buckets: both all-reduces start in the backward, step adds the 1-element staleness
     check; a dropped overlapping optimizer's hooks launch nothing."""
@@ -232,20 +268,25 @@ def model_of(*shapes, seed=0):
 def test_powersgd_loads_the_warm_start_q_of_the_earlier_layout():
     """Checkpoints from before Q was kept transposed hold each matrix's Q (m × r) under "q": it is
     loaded as the Qᵀ (r × m) the step uses, not copied flat (which would scramble the warm start
-    without an error)."""
+    without an error). Those from before Q was kept per dtype hold one flat Qᵀ under "q_t"."""
     opt = d.PowerSGD(model_of((4, 6), (3, 5), (4,)), lr=0.1, rank=2)
     state = opt.state_dict()
     gen = torch.Generator().manual_seed(0)
     qts = [torch.randn(r, m, dtype=torch.float64, generator=gen) for (_, m), r in zip(opt._shapes, opt._ranks)]
     state["communication"]["q"] = torch.cat([qt.t().reshape(-1) for qt in qts])
     opt.load_state_dict(state)
-    assert torch.equal(opt.q, torch.cat([qt.reshape(-1) for qt in qts]))
+    assert torch.equal(opt.q[0], torch.cat([qt.reshape(-1) for qt in qts]))
     assert "q_t" in opt.state_dict()["communication"]
+    del state["communication"]["q"]  # and before Q was kept per dtype: one flat Qᵀ
+    state["communication"]["q_t"] = torch.cat([qt.reshape(-1) for qt in qts]) * 2
+    opt.load_state_dict(state)
+    assert len(opt.q) == 1 and torch.equal(opt.q[0], state["communication"]["q_t"])
 
 
 def test_single_process_is_the_inner_optimizer():
     """Without a process group (world size 1) nothing is communicated: each class steps as its
-    inner optimizer, and step returns the closure's loss."""
+    inner optimizer, and step returns the closure's loss. A param without a grad (the second, on
+    the second step) is left alone, as torch.optim leaves it (a zero grad would move it: momentum)."""
     grads = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
     reference = model_of((4, 6), (4,))
     ref = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
@@ -253,16 +294,45 @@ def test_single_process_is_the_inner_optimizer():
     opts = [d.CentralizedSGD(None, models[0], lr=0.1, momentum=0.9),
             d.PowerSGD(models[1], lr=0.1, momentum=0.9),
             d.DecentralizedSGD(0, [], models[2], lr=0.1, momentum=0.9)]
-    for _ in range(3):
+    for step in range(3):
         for m in [reference, *models]:
-            for p, g in zip(m.parameters(), grads):
-                p.grad = g.clone()
+            for i, (p, g) in enumerate(zip(m.parameters(), grads)):
+                p.grad = None if (step, i) == (1, 1) else g.clone()
         ref.step()
         for opt in opts:
             assert opt.step(lambda: 1.5) == 1.5
     for m in models:
         for a, b in zip(m.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-15, atol=1e-15)  # the same float64 ops
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: d.CentralizedSGD(None, m, lr=0.1, momentum=0.9),
+    lambda m: d.PowerSGD(m, lr=0.1, momentum=0.9, reuse_query=True),
+    lambda m: d.DecentralizedSGD(0, [], m, lr=0.1, momentum=0.9),
+    lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.Adam(m.parameters(), lr=0.1)),
+], ids=["centralized", "powersgd", "decentralized", "custom"])
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_copies_continue_as_the_original(make, how):
+    """copy.deepcopy and pickling (as of any torch.optim optimizer) give an optimizer of copied
+    params that continues exactly as the original (they raised AttributeError: torch's
+    __setstate__ reads the groups through the inner optimizer before it is set)."""
+    model = model_of((4, 6), (4,))
+    opt = make(model)
+    grads = [torch.randn(4, 6, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g.clone()
+    opt.step()
+    twin = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    twin_params = [p for group in twin.param_groups for p in group["params"]]
+    assert all(a is not b for a, b in zip(twin_params, model.parameters()))
+    for _ in range(2):
+        for ps in (list(model.parameters()), twin_params):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        opt.step()
+        twin.step()
+    assert all(torch.equal(a, b) for a, b in zip(twin_params, model.parameters()))
 
 
 @pytest.mark.parametrize("make, pattern", [

@@ -82,6 +82,46 @@ def test_a_failed_step_in_a_plan_of_several_buckets_updates_no_bucket():
     assert torch.equal(ps[0], torch.ones(5)) and len(opt.state) == 0
 
 
+@pytest.mark.parametrize("bad", ["sparse", "dtype"])
+@pytest.mark.parametrize("make", [
+    lambda groups: fused_optim.AdamW(groups, lr=0.1, fused=True),
+    lambda groups: fused_optim.SGD(groups, lr=0.1, momentum=0.9, fused=True, state_dtype="8bit"),
+    lambda groups: fused_optim.FusedAdam(groups, lr=0.1, fused=True, state_dtype=torch.bfloat16,
+                                         state_rounding="stochastic"),
+], ids=["adamw", "sgd-8bit", "adam-bf16-stochastic"])
+def test_a_bad_grad_in_a_later_group_leaves_every_group_unchanged(make, bad):
+    """Two groups (decay / no decay): a grad refused in the second group raises before the first
+    group steps, so the first group's params, moments, step counters and rounding keys stay as
+    they were (on its first step too: no state appears); the good steps after it follow an
+    optimizer that never saw the failure, bit for bit."""
+    ours, clean = _params(), _params()
+
+    def groups(ps):
+        return [{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}]
+
+    opt, ref = make(groups(ours)), make(groups(clean))
+    for step in range(4):
+        for a, b, g in zip(ours, clean, _grads(ours, step)):
+            a.grad, b.grad = g.clone(), g.clone()
+        if step in (0, 2):  # a first step and a later one
+            before = [p.detach().clone() for p in ours]
+            state = {i: {k: v.clone() for k, v in opt.state[p].items()} for i, p in enumerate(ours) if p in opt.state}
+            good = ours[2].grad
+            ours[2].grad = _bad_grad(bad, ours[2])
+            with pytest.raises(RuntimeError, match="param 0 of group 1"):
+                opt.step()
+            ours[2].grad = good
+            assert all(torch.equal(p, b) for p, b in zip(ours, before))
+            assert {i for i, p in enumerate(ours) if p in opt.state} == state.keys()
+            for i, saved in state.items():
+                assert all(torch.equal(opt.state[ours[i]][k], v) for k, v in saved.items())
+        opt.step()
+        ref.step()
+        for a, b in zip(ours, clean):
+            assert torch.equal(a, b), f"step {step}"
+            assert all(torch.equal(v, ref.state[b][k]) for k, v in opt.state[a].items())
+
+
 # ---- params that share memory ------------------------------------------------------------------
 N_ALIAS = 400_000  # far above one work item (16K) and the serial threshold: split between 2 threads
 

@@ -467,6 +467,31 @@ def test_groups_have_the_keys_only_when_set():
     assert "stochastic_rounding" not in opt.param_groups[0]
 
 
+def test_a_group_s_own_state_dtype_is_used_in_every_spelling():
+    """A param group's state_dtype (in the constructor's groups or add_param_group) is taken in
+    the spellings the keyword takes: torch.bfloat16 and "bf16" make bf16 moments (they were kept
+    as given, which the format lookup did not know: fp32 moments, silently), stored as the
+    normalized "bfloat16" so that the state dict is the same for every spelling; a group's value
+    set mid-run is taken in every spelling too, and a bad one is refused."""
+    ps = [torch.nn.Parameter(torch.randn(300)) for _ in range(4)]
+    groups = [{"params": ps[:1], "state_dtype": torch.bfloat16}, {"params": ps[1:2], "state_dtype": "bf16"},
+              {"params": ps[2:3]}]
+    opt = fused_optim.AdamW(groups, lr=1e-2, state_dtype="8bit")
+    opt.add_param_group({"params": ps[3:], "state_dtype": torch.bfloat16})
+    for p in ps:
+        p.grad = torch.randn(300)
+    opt.step()
+    assert [g["state_dtype"] for g in opt.param_groups] == ["bfloat16", "bfloat16", "8bit", "bfloat16"]
+    assert [opt.state[p]["exp_avg"].dtype for p in ps] == [torch.bfloat16, torch.bfloat16, torch.uint8, torch.bfloat16]
+    assert opt.implementation == "fused"
+    opt.param_groups[2]["state_dtype"] = torch.bfloat16  # set on a group mid-run: converted at the next step
+    opt.step()
+    assert opt.state[ps[2]]["exp_avg"].dtype == torch.bfloat16 and opt.implementation == "fused"
+    opt.param_groups[2]["state_dtype"] = torch.float16
+    with pytest.raises(ValueError, match="Invalid state_dtype"):
+        opt.step()
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(state_dtype=torch.bfloat16), dict(state_dtype="8bit"),
     dict(state_dtype=torch.bfloat16, state_rounding="stochastic"),

@@ -44,9 +44,24 @@ class OverlappedGradSum:
         self.bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
         self._buffers: list = []  # the packed buckets, kept from step to step (comm.reusable)
         self._reset()
+        self._hook()
+
+    def _hook(self) -> None:
         me = weakref.ref(self)  # the hooks do not keep a dropped optimizer communicating
         self._handles = [p.register_post_accumulate_grad_hook(lambda _, i=i: (me() or _Gone).ready(i))
                          for i, p in enumerate(self.params)]
+
+    def __getstate__(self) -> dict:
+        """A copy (``copy.deepcopy``, pickle) hooks its own params: the hooks are not copied (a
+        copy's handles would remove the original's hooks when the copy is dropped)."""
+        if self._launched:
+            raise RuntimeError("OverlappedGradSum: cannot copy an optimizer between a backward and its step (its "
+                               "all-reduces are in flight): copy it after step()")
+        return {k: v for k, v in self.__dict__.items() if k != "_handles"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._hook()
 
     def _reset(self) -> None:
         self._fired = [False] * len(self.params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -100,14 +102,17 @@ class PowerSGD(CommunicatingOptimizer):
         Q ← (Σ_ranks Mᵀ·P) / N
         G ← P·Qᵀ ;  E ← S − G
     and every other param: G ← (Σ_ranks G) / N (exact, no memory). Then the SGD step (momentum
-    acts on the decompressed average). P, Q and the exact grads each travel in flat buckets: three
-    kinds of collective per step (the exact grads' launched first and waited for last, so their
-    transfer overlaps the compression). On CPU the passes over E and G are two kernels
-    (:func:`accumulate_project_`, :func:`decompress_`). Before ``start_iter`` steps every grad is averaged exactly (no
-    memory). rank ≥ min(n, m) reproduces the exact average (P spans the range of Σ M).
+    acts on the decompressed average). P, Q and the exact grads each travel in flat buckets (P and Q
+    one per dtype and device of the matrices): three kinds of collective per step (the exact
+    grads' launched first and waited for last, so their transfer overlaps the compression). On CPU
+    the passes over E and G are two kernels (:func:`accumulate_project_`, :func:`decompress_`).
+    Before ``start_iter`` steps every grad is averaged exactly (no memory). rank ≥ min(n, m)
+    reproduces the exact average (P spans the range of Σ M). With several ranks a param whose grad
+    is None contributes zeros (every rank sends the same layout) and receives the average; with
+    one rank nothing is communicated and the inner SGD steps as it would alone.
 
-    The memories E, the Q of a warm start (flat, each matrix's Qᵀ, r × m), the step count and the
-    generator are in the state dict.
+    The memories E, the Q of a warm start (a list of flat tensors, one per dtype and device of the
+    matrices, each matrix's Qᵀ, r × m), the step count and the generator are in the state dict.
 
     Deviations from mlbench_core (bugs not copied): the closure runs before the aggregation; P and
     Q are kept in the grads' dtype (mlbench allocates them in the default dtype, and its eps
@@ -150,7 +155,13 @@ class PowerSGD(CommunicatingOptimizer):
         self._ranks = [min(n, m, rank) for n, m in self._shapes]
         # contiguous (a channels_last grad's memory too): each is viewed as its n × m matrix
         self.memories = [torch.zeros_like(params[i], memory_format=torch.contiguous_format) for i in self.compressed]
-        self.q: Tensor | None = None  # the flat Q of all compressed params (warm start), once drawn
+        # the compressed matrices by dtype and device (positions in self.compressed): each kind has
+        # its own flat P and Q and their collectives (a flat buffer, and the kernels, take one dtype)
+        kinds: dict[tuple, list[int]] = {}
+        for k, i in enumerate(self.compressed):
+            kinds.setdefault((params[i].dtype, params[i].device), []).append(k)
+        self._kinds = list(kinds.values())
+        self.q: list[Tensor | None] | None = None  # per kind, the flat Qᵀ of its matrices (warm start), once drawn
         if self.world_size > 1:
             comm.check_same_params("PowerSGD", params)
 
@@ -162,32 +173,45 @@ class PowerSGD(CommunicatingOptimizer):
     @torch.no_grad()
     def _before_step(self) -> None:
         params = self.params
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
         self.iteration += 1
         if self.world_size <= 1:
             return
+        for p in params:  # every rank sends the same layout: a missing grad contributes zeros
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if self.iteration <= self.start_iter or not self.compressed:
             comm.all_reduce_mean_([p.grad for p in params], self.world_size, by_layer=self.by_layer,
                                   cap_mb=self.bucket_cap_mb)
             return
         exact = [params[i].grad for i in self.exact]  # averaged while the matrices are compressed
         finish_exact = comm.start_mean_(exact, self.world_size, by_layer=self.by_layer, cap_mb=self.bucket_cap_mb)
-        grads = [params[i].grad for i in self.compressed]
+        fresh = self.q is None or not self.reuse_query
+        if self.q is None:
+            self.q = [None] * len(self._kinds)
+        decompress = [self._compress(j, kind, fresh) for j, kind in enumerate(self._kinds)]
+        finish_exact()
+        for finish in decompress:
+            finish()
+
+    def _compress(self, j: int, kind: list[int], fresh: bool) -> Callable[[], None]:
+        """S, P and the averaged Q of the compressed matrices of kind ``j`` (positions ``kind`` in
+        ``self.compressed``, one dtype and device); returns the function that then sets G ← P·Qᵀ
+        and E ← S − G."""
+        shapes, ranks = [self._shapes[k] for k in kind], [self._ranks[k] for k in kind]
+        grads = [self.params[self.compressed[k]].grad for k in kind]
         # each grad as its contiguous n × m matrix (a channels_last one's copy, written back at the end)
-        dense = [(g if g.is_contiguous() else g.contiguous()).view(n, m) for g, (n, m) in zip(grads, self._shapes)]
-        matrices = [s.view(n, m) for s, (n, m) in zip(self.memories, self._shapes)]
+        dense = [(g if g.is_contiguous() else g.contiguous()).view(n, m) for g, (n, m) in zip(grads, shapes)]
+        matrices = [self.memories[k].view(n, m) for k, (n, m) in zip(kind, shapes)]
         dtype, device = grads[0].dtype, grads[0].device
         # P and Q are stored transposed (r × n, r × m per matrix, in the flat buckets): the products
         # are then Qᵀ·Mᵀ and Pᵀ·M, matrix products with a short contiguous left factor, which BLAS
         # runs at memory speed; M·Q with r ≥ 2 columns is several times slower on CPU.
-        p_flat = torch.empty(sum(n * r for (n, _), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        pts = comm.views(p_flat, [(r, n) for (n, _), r in zip(self._shapes, self._ranks)])
-        fresh = self.q is None or not self.reuse_query
-        if self.q is None:
-            self.q = torch.empty(sum(m * r for (_, m), r in zip(self._shapes, self._ranks)), dtype=dtype, device=device)
-        qts = comm.views(self.q, [(r, m) for (_, m), r in zip(self._shapes, self._ranks)])
+        p_flat = torch.empty(sum(n * r for (n, _), r in zip(shapes, ranks)), dtype=dtype, device=device)
+        pts = comm.views(p_flat, [(r, n) for (n, _), r in zip(shapes, ranks)])
+        if self.q[j] is None:
+            self.q[j] = torch.empty(sum(m * r for (_, m), r in zip(shapes, ranks)), dtype=dtype, device=device)
+        q = self.q[j]
+        qts = comm.views(q, [(r, m) for (_, m), r in zip(shapes, ranks)])
         if fresh:
             self._draw_queries([qt.t() for qt in qts])
         accumulate_project_(matrices, dense, qts, pts)  # E ← S = G + E (E now holds S);  Pᵀ = Qᵀ·Sᵀ
@@ -195,14 +219,18 @@ class PowerSGD(CommunicatingOptimizer):
         orthogonalize_(pts)
         for mat, qt, pt in zip(matrices, qts, pts):
             torch.matmul(pt, mat, out=qt)  # Qᵀ = Pᵀ·M
-        self._all_reduce(self.q, qts)
-        self.q.div_(self.world_size)
-        finish_exact()
-        # G ← P·Qᵀ (straight into the grad: a fresh n × m buffer costs its page faults each step); E ← S − G
-        decompress_(matrices, dense, pts, qts)
-        for g, d in zip(grads, dense):
-            if d.data_ptr() != g.data_ptr():
-                g.copy_(d.view(g.shape))
+        self._all_reduce(q, qts)
+        q.div_(self.world_size)
+
+        def finish() -> None:
+            # G ← P·Qᵀ (straight into the grad: a fresh n × m buffer costs its page faults each step);
+            # E ← S − G
+            decompress_(matrices, dense, pts, qts)
+            for g, d in zip(grads, dense):
+                if d.data_ptr() != g.data_ptr():
+                    g.copy_(d.view(g.shape))
+
+        return finish
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
         """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer`` (all in flight at once)."""
@@ -211,13 +239,16 @@ class PowerSGD(CommunicatingOptimizer):
 
     def _comm_state(self) -> dict:
         return {"memories": [m.clone() for m in self.memories], "iteration": self.iteration,
-                "generator": self.generator.get_state(), **({} if self.q is None else {"q_t": self.q.clone()})}
+                "generator": self.generator.get_state(),
+                **({} if self.q is None else {"q_t": [q.clone() for q in self.q]})}
 
     def _load_comm_state(self, state: dict) -> None:
         torch._foreach_copy_(self.memories, list(state["memories"]))
         self.iteration = int(state["iteration"])
         self.generator.set_state(state["generator"])
-        self.q = state["q_t"].clone() if "q_t" in state else None
+        q = state.get("q_t")
+        # one flat tensor: saved before Q was kept per kind (one dtype and device: a single kind)
+        self.q = None if q is None else [q.clone()] if isinstance(q, Tensor) else [t.clone() for t in q]
         if "q" in state:  # an earlier layout: each matrix's Q (m × r), not Qᵀ
-            self.q = torch.cat([q.t().reshape(-1) for q in comm.views(
-                state["q"], [(m, r) for (_, m), r in zip(self._shapes, self._ranks)])])
+            self.q = [torch.cat([q.t().reshape(-1) for q in comm.views(
+                state["q"], [(m, r) for (_, m), r in zip(self._shapes, self._ranks)])])]

@@ -95,6 +95,15 @@ class CommunicatingOptimizer(torch.optim.Optimizer):
     def _load_comm_state(self, state: dict) -> None:
         pass
 
+    def __getstate__(self) -> dict:
+        """Everything (torch.optim.Optimizer's would take the groups and state only, and its
+        ``__setstate__`` reads them back through ``param_groups``, before ``optimizer`` is set):
+        ``copy.deepcopy`` and pickling copy the inner optimizer, the params and this state."""
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
     def __getattr__(self, name: str) -> Any:
         """Anything else comes from the inner optimizer."""
         if name == "optimizer":  # not set yet (unpickling): no recursion
