@@ -22,7 +22,9 @@ params, grads and state lists: ``bucket_new(tensors, lengths)`` keeps those list
 (one flat list cut into consecutive lists of the given lengths) until ``bucket_free``, and the
 twin reads each param's ``.grad`` itself, so a step passes no tensor list at all (the dispatcher
 converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
-when it stepped and 1, changing nothing, when a registered param has no grad. The twins mutate
+when it stepped and 1, changing nothing, when a registered param has no grad;
+``bucket_grads_match(bucket)`` says whether every registered param has a dense grad of its shape
+and dtype (a twin then cannot fail on its grads). The twins mutate
 tensors their schema does not name and bump their version counters themselves: they are for plain
 eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from the op's
 declaration in :mod:`.specs` (``OpSpec.schemas``), and the C++ side generates every twin from its
@@ -95,6 +97,7 @@ def _l2norm_fake(tensors):
 _lib.define("sum_squares_" + SUM_SQUARES_SCHEMA)
 torch.library.register_fake("fused_optim::sum_squares_", _fake, lib=_lib)
 _lib.define("bucket_free(int bucket) -> ()")
+_lib.define("bucket_grads_match(int bucket) -> bool")
 _lib.define("grad_norm_hooks(Tensor[] params, int[] index, Tensor(a!) sums, Tensor(b!) counts) -> int[]")
 _lib.define("remove_grad_hooks(Tensor[] params, int[] positions) -> ()")
 _lib.define("adascale_window_end(Tensor counts) -> ()")

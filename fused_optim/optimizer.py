@@ -711,9 +711,14 @@ class FusedOptimizer(torch.optim.Optimizer):
     def _check_later_groups(self) -> None:
         """``_check_grads`` on the grads of every group after the first, before the first steps: a
         step that raises for a grad then leaves every group as it found it, not only that grad's
-        group (the first group's grads are checked by its own step before it writes)."""
+        group (the first group's grads are checked by its own step before it writes). A group on
+        the direct path is looked at in one C++ call, its grads in Python only when that finds one
+        missing or unlike its param."""
         strided, fused = torch.strided, bool(self.fused)
         for gi, group in enumerate(self.param_groups[1:], 1):
+            plan = self._cached_plan(group)
+            if plan is not None and plan.direct and _ops.op("bucket_grads_match")(plan.buckets[0].bucket_id()):
+                continue
             for p in group["params"]:  # the hot path: a quick look; the error is _check_grads'
                 g = p.grad
                 if g is not None and (g.layout is not strided or g.shape != p.shape or (fused and g.dtype != p.dtype)):

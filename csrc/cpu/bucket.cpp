@@ -34,6 +34,16 @@ void bucket_free(int64_t id) {
   registry.erase(id);
 }
 
+bool bucket_grads_match(int64_t id) {
+  for (const auto& p : (*get_bucket(id))[0]) {
+    const at::Tensor& g = p.mutable_grad();
+    if (!g.defined() || g.layout() != c10::kStrided || g.sizes() != p.sizes() || g.scalar_type() != p.scalar_type()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
   std::lock_guard<std::mutex> lock(registry_mutex);
   const auto it = registry.find(id);

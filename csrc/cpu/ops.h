@@ -23,6 +23,9 @@ using Flags = c10::List<bool>;
 // bucket.cpp: tensor lists kept on the C++ side between steps.
 int64_t bucket_new(at::TensorList tensors, c10::IntArrayRef lengths);
 void bucket_free(int64_t bucket);
+// Whether every param of the bucket has a dense grad of its shape and dtype (a twin call with them
+// cannot fail on its grads).
+bool bucket_grads_match(int64_t bucket);
 
 // grad_norms.cpp: AdaScale's gradient norms (micro-batch hooks, sums of the params' .grad).
 std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums,

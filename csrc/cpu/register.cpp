@@ -36,6 +36,7 @@ TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
   m.impl("bucket_new", &bucket_new);
   m.impl("bucket_free", &bucket_free);
+  m.impl("bucket_grads_match", &bucket_grads_match);
   m.impl("grad_norm_hooks", &grad_norm_hooks);
   m.impl("remove_grad_hooks", &remove_grad_hooks);
   m.impl("grad_sum_squares_", &grad_sum_squares_);
