@@ -714,18 +714,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         group (the first group's grads are checked by its own step before it writes). A group on
         the direct path is looked at in one C++ call, its grads in Python only when that finds one
         missing or unlike its param."""
-        strided, fused = torch.strided, bool(self.fused)
         for gi, group in enumerate(self.param_groups[1:], 1):
             plan = self._cached_plan(group)
             if plan is not None and plan.direct and _ops.op("bucket_grads_match")(plan.buckets[0].bucket_id()):
                 continue
-            for p in group["params"]:  # the hot path: a quick look; the error is _check_grads'
-                g = p.grad
-                if g is not None and (g.layout is not strided or g.shape != p.shape or (fused and g.dtype != p.dtype)):
-                    index = [i for i, q in enumerate(group["params"]) if q.grad is not None]
-                    params = [group["params"][i] for i in index]
-                    # one bucket of the group's params with grads (fused: the dtype refused with fused=True)
-                    self._check_grads(_Bucket(index, False, params, (), (), True), [q.grad for q in params], gi)
+            index = [i for i, p in enumerate(group["params"]) if p.grad is not None]
+            params = [group["params"][i] for i in index]
+            # one fused bucket of the group's params with grads: the dtypes fused=True refuses
+            self._check_grads(_Bucket(index, False, params, (), (), True), [p.grad for p in params], gi)
 
     def _check_grads(self, bucket: _Bucket, grads: list[Tensor], gi: int) -> None:
         """Raises, naming the param by its index in its group, for a grad no implementation takes:
