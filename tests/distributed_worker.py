@@ -205,8 +205,8 @@ def overlap_copies(rank: int) -> dict[str, list]:
 
 
 def collectives(make, backward: bool = False) -> dict[str, int] | dict[str, dict[str, int]]:
-    """The torch.distributed calls of one step (after construction) of ``make(model)``, by name,
-    on a model of 4 tensors. ``backward``: the grads come from a backward, and the calls during
+    """The torch.distributed calls of one step (after construction) of ``make(model)``, by name
+    (and the backend of the group, when not the default one), on a model of 4 tensors. ``backward``: the grads come from a backward, and the calls during
     it and during the step are counted apart ({"backward": .., "step": ..})."""
     import torch.distributed as dist
 
@@ -220,7 +220,9 @@ def collectives(make, backward: bool = False) -> dict[str, int] | dict[str, dict
 
     def counting(name):
         def call(*args, **kwargs):
-            counts[name] = counts.get(name, 0) + 1
+            group = kwargs.get("group")
+            key = name if group is None else f"{name} ({dist.get_backend(group)})"
+            counts[key] = counts.get(key, 0) + 1
             return originals[name](*args, **kwargs)
         return call
 

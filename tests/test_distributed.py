@@ -27,6 +27,7 @@ GOLDEN = torch.load(HERE / "golden" / "mlbench_distributed.pt", weights_only=Tru
 # momentum 0.9 (1 / (1 − 0.9)): 10·5·10 = 500 u ≈ 5.5e-14; Gram–Schmidt and Adam's division can
 # double that: 2e-13.
 TOL = dict(rtol=2e-13, atol=2e-13)
+ALL_REDUCE = f"all_reduce ({d.gloo_group.BACKEND})"  # an all-reduce on the optimizers' threaded gloo group
 
 
 def launch(world: int | str, tmp: Path) -> list[dict]:
@@ -176,11 +177,12 @@ def test_resume_from_state_dict_continues_exactly(ranks2, name):
 
 def test_a_step_costs_a_few_collectives(ranks2):
     """One all-reduce per bucket (4 tensors fit one), one per tensor with by_layer; PowerSGD: P,
-    Q and the exact tensors; gossip: one send and one receive per neighbour."""
+    Q and the exact tensors; gossip: one send and one receive per neighbour. The all-reduces run
+    on the threaded gloo group (fused_optim.distributed.gloo_group)."""
     counts = ranks2[0]["checks"]["collectives"]
-    assert counts["bucketed"] == {"all_reduce": 1}
-    assert counts["by_layer"] == {"all_reduce": 4}
-    assert counts["powersgd"] == {"all_reduce": 3}
+    assert counts["bucketed"] == {ALL_REDUCE: 1}
+    assert counts["by_layer"] == {ALL_REDUCE: 4}
+    assert counts["powersgd"] == {ALL_REDUCE: 3}
     assert counts["decentralized"] == {"isend": 1, "irecv": 1}
 
 
@@ -217,8 +219,8 @@ def test_overlap_launches_the_buckets_during_the_backward(ranks2):
     """2 buckets: both all-reduces start in the backward, step adds the 1-element staleness
     check; a dropped overlapping optimizer's hooks launch nothing."""
     counts = ranks2[0]["checks"]["overlap_collectives"]
-    assert counts["overlap"] == {"backward": {"all_reduce": 2}, "step": {"all_reduce": 1}}
-    assert counts["sync"] == {"backward": {}, "step": {"all_reduce": 2}}
+    assert counts["overlap"] == {"backward": {ALL_REDUCE: 2}, "step": {"all_reduce": 1}}
+    assert counts["sync"] == {"backward": {}, "step": {ALL_REDUCE: 2}}
     assert counts["dropped"] == counts["sync"]
 
 
@@ -374,3 +376,29 @@ def test_custom_average_needs_a_divisor():
                                        average_custom=True)
     with pytest.raises(ValueError, match=r"average_custom needs step\(denom=...\)"):
         opt.step()
+
+
+def test_the_threaded_gloo_group_is_made_once_per_default_group_and_ends_with_it():
+    """One process, gloo: the all-reduces' group has GLOO_THREADS worker threads and the default
+    group's timeout, is the same object on every call, sums on its own, is ended by
+    destroy_process_group, and a new default group gets a new one."""
+    import datetime
+
+    import torch.distributed as dist
+
+    made = []
+    for _ in range(2):
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=17))
+        try:
+            group = d.gloo_group.collective_group()
+            assert d.gloo_group.collective_group() is group
+            options = group._get_backend(torch.device("cpu")).options
+            assert (options._threads, options._timeout) == (d.gloo_group.GLOO_THREADS, datetime.timedelta(seconds=17))
+            t = torch.arange(3.0)
+            d.comm.all_reduce_async(t).wait()
+            assert torch.equal(t, torch.arange(3.0))
+            made.append(group)
+        finally:
+            dist.destroy_process_group()
+    assert made[0] is not made[1]

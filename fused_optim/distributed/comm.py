@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .gloo_group import collective_group
+
 DEFAULT_BUCKET_CAP_MB = 25.0
 
 
@@ -113,7 +115,12 @@ def start_sum(part: Sequence[Tensor], divisor: float | Tensor, divide_before: bo
     flat = part[0].view(-1) if in_place and len(part) == 1 and part[0].is_contiguous() else pack(part, out)
     if divide_before:
         flat.div_(divisor)
-    return flat, dist.all_reduce(flat, async_op=True)
+    return flat, all_reduce_async(flat)
+
+
+def all_reduce_async(t: Tensor):
+    """Launch ``t ← Σ_ranks t`` on the optimizers' group (:mod:`.gloo_group`); returns its work."""
+    return dist.all_reduce(t, async_op=True, group=collective_group())
 
 
 def finish_mean_(flat: Tensor, work, part: Sequence[Tensor], divisor: float | Tensor, divide_before: bool) -> None:

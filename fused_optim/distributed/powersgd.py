@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from .. import _build
@@ -234,7 +233,7 @@ class PowerSGD(CommunicatingOptimizer):
 
     def _all_reduce(self, flat: Tensor, parts: list[Tensor]) -> None:
         """Σ_ranks of a flat buffer: whole, or part by part with ``by_layer`` (all in flight at once)."""
-        for work in [dist.all_reduce(part, async_op=True) for part in (parts if self.by_layer else [flat])]:
+        for work in [comm.all_reduce_async(part) for part in (parts if self.by_layer else [flat])]:
             work.wait()
 
     def _comm_state(self) -> dict:
