@@ -96,8 +96,8 @@ C10_ALWAYS_INLINE Bf16Values advance(const Bf16Values& s, int64_t i) {
   return {s.data + i, s.seed, s.index + static_cast<uint32_t>(i), s.stochastic};
 }
 
-template <typename T, typename S>
-C10_ALWAYS_INLINE Block<T> load_bf16_block(const S& s) {
+template <typename T>
+C10_ALWAYS_INLINE Block<T> load_as(const Bf16Read& s) {
   Block<T> b;
   for (int h = 0; h < kHalves<T>; ++h) {
     const FLanes x = load_bf16_lanes(s.data + h * kLanes);
@@ -107,13 +107,8 @@ C10_ALWAYS_INLINE Block<T> load_bf16_block(const S& s) {
 }
 
 template <typename T>
-C10_ALWAYS_INLINE Block<T> load_as(const Bf16Read& s) {
-  return load_bf16_block<T>(s);
-}
-
-template <typename T>
 C10_ALWAYS_INLINE Block<T> load_as(const Bf16Values& s) {
-  return load_bf16_block<T>(s);
+  return load_as<T>(Bf16Read{s.data});
 }
 
 template <typename T>
@@ -130,27 +125,26 @@ C10_ALWAYS_INLINE void store_as(const Bf16Values& s, const Block<T>& b) {
   }
 }
 
-// The tail of a chunk (for_each_block's staging): copied to a zero-padded block and back; the
-// lanes keep their elements' indices.
-template <int64_t L>
-struct Staging<Bf16Read, L> {
+// The tail of a chunk (for_each_block's staging): copied to a zero-padded block and back (a
+// Bf16Values only); the lanes keep their elements' indices.
+template <typename S, int64_t L>
+struct Bf16Staging {
   std::array<c10::BFloat16, L> data{};
-  Bf16Read in(const Bf16Read& s, int64_t n) {
+  S in(S s, int64_t n) {
     std::memcpy(data.data(), s.data, n * sizeof(c10::BFloat16));
-    return {data.data()};
+    s.data = data.data();
+    return s;
   }
-  void out(const Bf16Read&, int64_t) const {}
+  void out(const S& s, int64_t n) const {
+    if constexpr (std::is_same_v<S, Bf16Values>) std::memcpy(s.data, data.data(), n * sizeof(c10::BFloat16));
+  }
 };
 
 template <int64_t L>
-struct Staging<Bf16Values, L> {
-  std::array<c10::BFloat16, L> data{};
-  Bf16Values in(const Bf16Values& s, int64_t n) {
-    std::memcpy(data.data(), s.data, n * sizeof(c10::BFloat16));
-    return {data.data(), s.seed, s.index, s.stochastic};
-  }
-  void out(const Bf16Values& s, int64_t n) const { std::memcpy(s.data, data.data(), n * sizeof(c10::BFloat16)); }
-};
+struct Staging<Bf16Read, L> : Bf16Staging<Bf16Read, L> {};
+
+template <int64_t L>
+struct Staging<Bf16Values, L> : Bf16Staging<Bf16Values, L> {};
 
 inline Bf16Values bf16_values(c10::BFloat16* data, uint32_t seed, bool stochastic, int64_t at) {
   return {data + at, seed_at(seed, at), static_cast<uint32_t>(at), stochastic};
