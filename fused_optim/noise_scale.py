@@ -118,3 +118,11 @@ class AccumulationRamp:
             self._windows = 0
             return c
         return accumulation
+
+    def state_dict(self) -> dict:
+        """The windows measured since the last change (for checkpoints: a resumed ramp raises
+        when an unbroken one would)."""
+        return {"windows": self._windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._windows = int(state["windows"])

@@ -32,6 +32,8 @@ class NoiseScaleCallback(Callback):
     rises to the suggested count (the largest batch not above B_simple), up to
     ``max_accumulation``; never down. With AdaScale (default scale) the scale follows the count,
     so the gain keeps the lr right for the larger batch. Not with a GradientAccumulationScheduler.
+    The ramp's count and windows are in Lightning checkpoints: a resumed run trains with the count
+    it had reached and raises it when an unbroken run would.
 
     Args:
         micro_batch_size: samples per micro-batch (per device and backward pass); default: the
@@ -55,6 +57,8 @@ class NoiseScaleCallback(Callback):
         self.noise_kwargs = dict(smoothing=smoothing, debias_ewma=debias_ewma)
         self._micro: int | None = None
         self._global_step = 0
+        self._accumulation: int | None = None  # the ramp's count, set at epoch starts
+        self._restored_accumulation: int | None = None  # from a checkpoint, for on_train_start
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.ramp is not None and any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
@@ -82,6 +86,9 @@ class NoiseScaleCallback(Callback):
         if isinstance(stats, NoiseScale):
             stats.micro_batch_size = self._micro
         self._global_step = trainer.global_step
+        if self._restored_accumulation is not None:  # Lightning's count is the Trainer's argument again
+            trainer.accumulate_grad_batches = self._accumulation = self._restored_accumulation
+            self._restored_accumulation = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         """The ramp: a new count starts with the epoch, where Lightning's windows restart."""
@@ -89,7 +96,7 @@ class NoiseScaleCallback(Callback):
             return
         stats, accumulate = self._stats(trainer), trainer.accumulate_grad_batches
         c = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, trainer.world_size, accumulate)
-        trainer.accumulate_grad_batches = c
+        trainer.accumulate_grad_batches = self._accumulation = c
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         self._stats(trainer).set_window(trainer.world_size, _accumulation(trainer))
@@ -105,6 +112,16 @@ class NoiseScaleCallback(Callback):
             for name, value in noise_scale_metrics(self._stats(trainer), self._micro, max_c).items():
                 pl_module.log(name, value, prog_bar=self.prog_bar and name == NOISE_SCALE, on_step=True,
                               on_epoch=False, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.ramp is None or self._accumulation is None:
+            return {}
+        return {"accumulation": self._accumulation, "ramp": self.ramp.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.ramp is not None and state_dict:
+            self.ramp.load_state_dict(state_dict["ramp"])
+            self._restored_accumulation = int(state_dict["accumulation"])
 
     @staticmethod
     def _stats(trainer) -> GradientStatistics:

@@ -9,6 +9,7 @@ import json
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from test_lightning import FAST, Regressor, SpyLogger, loader, sgd
 from test_mmengine_runner import ADASCALE, BASELINE, train
 
@@ -43,6 +44,28 @@ def test_lightning_callback_logs_per_update_and_ramps_the_accumulation(adascale)
     # logged as float32: a relative rounding of 2**-24
     assert spy.series(NOISE_SCALE)[-1][1] == pytest.approx(opt.noise_scale(4), rel=1e-6)
     assert NOISE_SCALE in trainer.progress_bar_metrics
+
+
+def test_lightning_ramp_resumes_where_it_was(tmp_path):
+    """The ramp of the test above, checkpointed after epoch 0 (count 2, 8 windows measured) and
+    resumed: epoch 1 accumulates 8 as in the unbroken run (12 updates in 3 epochs, not 18), with
+    the same params bit for bit (the statistics come back with the optimizer state)."""
+    def fit(epochs, ckpt_path=None, **kw):
+        module = Regressor(sgd)
+        callback = lightning_optim.NoiseScaleCallback(micro_batch_size=4, max_accumulation=8, min_windows=2)
+        trainer = pl.Trainer(max_epochs=epochs, accumulate_grad_batches=2, callbacks=[callback], **{**FAST, **kw})
+        trainer.fit(module, loader(16), ckpt_path=ckpt_path)
+        return module, trainer
+
+    whole, whole_trainer = fit(3)
+    fit(1, enable_checkpointing=True, default_root_dir=tmp_path)
+    (ckpt,) = tmp_path.rglob("*.ckpt")
+    assert torch.load(ckpt, weights_only=True)["callbacks"]["NoiseScaleCallback"] == {
+        "accumulation": 2, "ramp": {"windows": 8}}
+    resumed, resumed_trainer = fit(3, ckpt_path=str(ckpt))
+    assert resumed_trainer.global_step == whole_trainer.global_step == 12
+    assert resumed_trainer.accumulate_grad_batches == 8
+    assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
 
 
 def test_lightning_callback_needs_accumulation_or_devices():
