@@ -93,3 +93,20 @@ def test_mmengine_hook_logs_per_update_and_ramps_accumulative_counts(config, tmp
     assert isinstance(opt, AdaScale if config == ADASCALE else NoiseScale)
     assert wrapper._accumulative_counts == opt.num_gradients_to_accumulate == 4
     assert logged[-1][NOISE_SCALE] == opt.noise_scale(32)
+
+
+def test_mmengine_ramp_resumes_where_it_was(tmp_path):
+    """The ramp of the test above under AdaScale (whose statistics are in the checkpoint), resumed
+    from iteration 12 (count 4 since iteration 8): the resumed run keeps count 4 and ends with the
+    unbroken run's params, bit for bit (it fell back to the config's count 2)."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"_base_ = [{str(ADASCALE)!r}]\noptim_wrapper = dict(accumulative_counts=2)\n"
+                   "custom_hooks = [dict(type='mmengine_optim.NoiseScaleHook', max_accumulation=4, min_windows=2)]\n")
+    options = ["train_cfg.max_iters=24", "default_hooks.checkpoint.interval=12",
+               "default_hooks.param_scheduler.max_scale_invariant_iters=None"]
+    whole = train(cfg, tmp_path / "whole", *options)
+    saved = torch.load(tmp_path / "whole" / "iter_12.pth", weights_only=True)["noise_scale_ramp"]
+    assert saved["accumulation"] == 4
+    resumed = train(cfg, tmp_path / "resumed", *options, resume=tmp_path / "whole" / "iter_12.pth")
+    assert resumed.optim_wrapper._accumulative_counts == whole.optim_wrapper._accumulative_counts == 4
+    assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(), whole.model.parameters()))
