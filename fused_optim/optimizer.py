@@ -129,6 +129,12 @@ def scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def as_betas(betas: Any) -> Any:
+    """A constructor's ``betas`` as the tuple the group keeps; anything but a pair is left as it is,
+    for :func:`check_betas` to refuse by name."""
+    return tuple(betas) if isinstance(betas, (tuple, list)) else betas
+
+
 def check_betas(betas: Any) -> None:
     check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
     for i, beta in enumerate(betas):
