@@ -465,6 +465,18 @@ class GradientStatistics(torch.optim.Optimizer):
     def _load_extra(self, saved: dict) -> None:
         """Pop a subclass's own entries from its saved state (none here)."""
 
+    def __getstate__(self) -> dict:
+        """For ``copy.deepcopy`` and pickle: everything but the hooks (torch's ``Optimizer`` would
+        give the inner optimizer's keys only, and no copy could be made)."""
+        return {**self.__dict__, "_hooks": []}
+
+    def __setstate__(self, state: dict) -> None:
+        """The copy gets its own handle and hooks on its own params (which share its sums)."""
+        self.__dict__.update(state)
+        self._counts[3] = next(_handles)
+        _WINDOW_OWNERS[int(self._counts[3])] = self
+        self._hook()
+
     def __repr__(self) -> str:
         return f"{self._name}(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"
 

@@ -3,8 +3,10 @@
 mid-window, weights_only loading, scale changes across a checkpoint, Lightning's optimizer wrapper),
 and steps and loads that raise, which leave everything as it was."""
 
+import copy
 import gc
 import io
+import pickle
 
 import pytest
 import torch
@@ -328,6 +330,34 @@ def test_a_state_dict_that_does_not_load_leaves_tau():
     with pytest.raises(ValueError, match="parameter groups"):
         opt.load_state_dict(bad)
     assert opt.scale_invariant_steps == before["adascale"]["scale_invariant_steps"] != 99.0
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_made_mid_window_continues_as_the_original(how):
+    """``copy.deepcopy`` / pickle of (model, AdaScale) after the window's first backward (and the
+    grads so far): the copy hooks its own params (the original keeps its hooks), and both, fed the
+    same micro-batches, end with the same params and τ, bit for bit."""
+    model, groups = model_and_groups(two_groups=True)
+    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
+    for step in range(3):
+        backward_window(model, step, 2)
+        opt.step()
+        opt.zero_grad()
+    backward_window(model, 3, 2, passes=1)
+    copied = copy.deepcopy((model, opt)) if how == "deepcopy" else pickle.loads(pickle.dumps((model, opt)))
+    for p, q in zip(copied[0].parameters(), model.parameters()):
+        p.grad = q.grad.clone()  # (a copied Parameter has no grad)
+    for m, o in ((model, opt), copied):
+        x, y = micro_batch(3, 1)
+        (torch.nn.functional.mse_loss(m(x), y) / 2).backward()
+        o.step()
+        o.zero_grad()
+        for step in range(4, 7):
+            backward_window(m, step, 2)
+            o.step()
+            o.zero_grad()
+    assert copied[1].scale_invariant_steps == opt.scale_invariant_steps
+    assert all(torch.equal(p, q) for p, q in zip(copied[0].parameters(), model.parameters()))
 
 
 def test_fairscale_cannot_checkpoint_mid_window_nor_load_weights_only():
