@@ -78,6 +78,12 @@ def cli(*args, timeout=1800):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.parametrize("repeats", ["0", "-3", "two"])
+def test_bench_refuses_a_repeat_count_below_one_before_running(repeats):
+    out = cli("bench", "--repeats", repeats, timeout=120)
+    assert out.returncode == 2 and f"--repeats: {repeats!r} is not an int >= 1" in out.stderr
+
+
 def test_info_reports_the_build():
     out = cli("info")
     assert out.returncode == 0, out.stderr
