@@ -278,6 +278,17 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
 
 
+def trained_three_windows():
+    """A two-group model and our AdaScale over FusedSGD after three full windows of 2."""
+    model, groups = model_and_groups(two_groups=True)
+    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
+    for step in range(3):
+        backward_window(model, step, 2)
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
 class _Injected(Exception):
     pass
 
@@ -318,12 +329,7 @@ def test_an_inner_step_that_raises_leaves_the_statistics_and_the_window(passes):
 def test_a_state_dict_that_does_not_load_leaves_tau():
     """An optimizer state with another number of groups raises (torch's check) before τ, the
     averages or the inner optimizer change."""
-    model, groups = model_and_groups(two_groups=True)
-    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
-    for step in range(3):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
+    model, opt = trained_three_windows()
     before = opt.state_dict()
     bad = {**before, "param_groups": before["param_groups"][:1],
            "adascale": {**before["adascale"], "scale_invariant_steps": 99.0}}
@@ -337,12 +343,7 @@ def test_a_copy_made_mid_window_continues_as_the_original(how):
     """``copy.deepcopy`` / pickle of (model, AdaScale) after the window's first backward (and the
     grads so far): the copy hooks its own params (the original keeps its hooks), and both, fed the
     same micro-batches, end with the same params and τ, bit for bit."""
-    model, groups = model_and_groups(two_groups=True)
-    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
-    for step in range(3):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
+    model, opt = trained_three_windows()
     backward_window(model, 3, 2, passes=1)
     copied = copy.deepcopy((model, opt)) if how == "deepcopy" else pickle.loads(pickle.dumps((model, opt)))
     for p, q in zip(copied[0].parameters(), model.parameters()):
