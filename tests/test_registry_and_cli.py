@@ -67,9 +67,10 @@ def test_colossalai_class_names_are_aliases_of_the_colossal_classes():
     assert {"ColossalLars", "ColossalLamb", "Lars", "Lamb"} <= set(fused_optim.__all__)
 
 
-def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"Unknown optimizer name 'adamx'; available: adam, adamw"):
-        create_optimizer("adamx", [torch.nn.Parameter(torch.zeros(1))])
+@pytest.mark.parametrize("name", ["adamx", None, 3], ids=["misspelt", "none", "int"])
+def test_unknown_name_lists_the_known_ones(name):
+    with pytest.raises(ValueError, match=rf"Unknown optimizer name {name!r}; available: adam, adamw"):
+        create_optimizer(name, [torch.nn.Parameter(torch.zeros(1))])
 
 
 def cli(*args, timeout=1800):
