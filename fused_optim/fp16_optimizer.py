@@ -239,9 +239,11 @@ class FP16Optimizer:
             return float(self.world_size)
         if denom is None:
             raise ValueError("FP16Optimizer.step: average_custom=True needs denom=<the divisor of the summed grads>")
-        value = float(denom)
+        one_number = _number(denom) or (isinstance(denom, Tensor) and denom.numel() == 1)
+        value = float(denom) if one_number else math.nan
         if value == 0 or not math.isfinite(value):
-            raise ValueError(f"FP16Optimizer.step: invalid denom {value} (average_custom divides by it: finite, ≠ 0)")
+            raise ValueError(f"FP16Optimizer.step: invalid denom {denom!r} (average_custom divides by it: a finite "
+                             "number ≠ 0, or a one-element tensor)")
         return value
 
     def _grads(self, divisor: float) -> list[Tensor | None]:

@@ -389,6 +389,9 @@ def test_errors_name_the_argument_and_the_fix():
     custom.set_optimizer(torch.optim.SGD(custom.fp32_params, lr=0.1))
     with pytest.raises(ValueError, match="average_custom=True needs denom="):
         custom.step()
+    for denom in (torch.tensor([1.0, 2.0]), "2", 0.0):
+        with pytest.raises(ValueError, match=r"invalid denom .*a finite number ≠ 0, or a one-element tensor"):
+            custom.step(denom=denom)
     with pytest.raises(ValueError, match="no parameter that requires grad"):
         FP16Optimizer(torch.nn.Linear(2, 2).requires_grad_(False))
 
