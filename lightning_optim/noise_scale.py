@@ -13,6 +13,7 @@ from fused_optim.metrics import NOISE_SCALE
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
 from .callback import AdaScaleCallback, _accumulation
+from .lr_monitor import detach, keep_names
 
 
 class NoiseScaleCallback(Callback):
@@ -25,7 +26,8 @@ class NoiseScaleCallback(Callback):
     hooks. Otherwise the optimizer is wrapped in a :class:`~fused_optim.NoiseScale` at
     ``on_fit_start`` (it shares the ``param_groups``, so schedulers stay valid); its accumulation
     count and world size follow the trainer's. It needs ``accumulate_grad_batches`` ≥ 2 or
-    several devices.
+    several devices. A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer
+    class>``, not ``lr-NoiseScale``).
 
     ``max_accumulation`` turns on a batch-size ramp (off by default): at each epoch start, once
     ``min_windows`` updates were measured at the current count, ``trainer.accumulate_grad_batches``
@@ -58,6 +60,7 @@ class NoiseScaleCallback(Callback):
         self._micro: int | None = None
         self._global_step = 0
         self._accumulation: int | None = None  # the ramp's count, set at epoch starts
+        self._monitors: list = []  # LearningRateMonitors naming the NoiseScale's series after its optimizer
         self._restored_accumulation: int | None = None  # from a checkpoint, for on_train_start
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -71,13 +74,15 @@ class NoiseScaleCallback(Callback):
             raise RuntimeError("NoiseScaleCallback needs automatic optimization with exactly one optimizer; with "
                                "manual optimization wrap your optimizer in fused_optim.NoiseScale yourself")
         if not isinstance(strategy.optimizers[0], GradientStatistics):  # (an AdaScale measures itself)
+            inner = strategy.optimizers[0]
             try:
-                strategy.optimizers = [NoiseScale(strategy.optimizers[0], world_size=trainer.world_size,
+                strategy.optimizers = [NoiseScale(inner, world_size=trainer.world_size,
                                                   num_gradients_to_accumulate=_accumulation(trainer),
                                                   **self.noise_kwargs)]
             except RuntimeError as err:
                 raise RuntimeError(f"{err}. In Lightning: Trainer(accumulate_grad_batches=4), or more "
                                    "devices") from None
+            self._monitors = keep_names(trainer, strategy.optimizers[0], inner)
 
     def on_train_start(self, trainer, pl_module) -> None:
         """(The dataloader exists from here on.)"""
@@ -112,6 +117,10 @@ class NoiseScaleCallback(Callback):
             for name, value in noise_scale_metrics(self._stats(trainer), self._micro, max_c).items():
                 pl_module.log(name, value, prog_bar=self.prog_bar and name == NOISE_SCALE, on_step=True,
                               on_epoch=False, batch_size=1)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        detach(self._monitors)
+        self._monitors = []
 
     def state_dict(self) -> dict[str, Any]:
         if self.ramp is None or self._accumulation is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import LearningRateMonitor
 import pytest
 import torch
 from test_lightning import FAST, Regressor, SpyLogger, loader, sgd
@@ -66,6 +67,21 @@ def test_lightning_ramp_resumes_where_it_was(tmp_path):
     assert resumed_trainer.global_step == whole_trainer.global_step == 12
     assert resumed_trainer.accumulate_grad_batches == 8
     assert all(torch.equal(p, q) for p, q in zip(resumed.parameters(), whole.parameters()))
+
+
+def test_lightning_learning_rate_monitor_keeps_its_series():
+    """With the callback (which wraps the optimizer in a NoiseScale) the monitor's series is the
+    one it has without (lr-FusedSGD, not lr-NoiseScale), with the same lrs (the wrapper changes
+    none); the monitor gets its own methods back after the fit."""
+    series = []
+    for callbacks in ([], [lightning_optim.NoiseScaleCallback(micro_batch_size=4)]):
+        monitor = LearningRateMonitor()
+        trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=2, callbacks=[monitor, *callbacks],
+                             **{**FAST, "logger": SpyLogger()})
+        trainer.fit(Regressor(sgd), loader(8))
+        series.append(monitor.lrs)
+        assert "_find_names_from_optimizers" not in vars(monitor)
+    assert series[1] == series[0] and list(series[0]) == ["lr-FusedSGD"]
 
 
 def test_lightning_callback_needs_accumulation_or_devices():
