@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, scalar_dtype,
-                        state_like)
+from .optimizer import (FusedOptimizer, as_betas, check_betas, check_flag, check_lr, check_nonnegative,
+                        scalar_dtype, state_like)
 
 
 _MOMENTS = ("step", "exp_avg", "exp_avg_sq")
@@ -90,7 +90,7 @@ class FusedAdam(FusedOptimizer):
                  bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
                  master_weights: bool = False, fused: bool | None = None,
                  state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+        defaults = dict(lr=lr, betas=as_betas(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         decoupled_weight_decay=decoupled_flag(decoupled_weight_decay, adam_w_mode),
                         bias_correction=bias_correction,
                         maximize=maximize)

@@ -220,22 +220,29 @@ class GradientStatistics(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None):
         """Run the closure, take the window's statistics into the averages, step the inner optimizer
-        (see :meth:`_update`); returns the closure's loss."""
+        (see :meth:`_update`); returns the closure's loss. A step whose inner step raises leaves
+        the averages and the window as they were (a step again takes the same window)."""
         loss = run_closure(closure)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
+        before = self._pending, self._avg, self._last_loss_scale
         if self._pending is None and self._backwards and not skipped:
             self._pending = self._end_window(at_backward_end=False)  # a short window (every rank steps)
-        window = self._pending
-        self._reset_window()
+        window, self._pending = self._pending, None  # (from here on the averages hold the window)
         if skipped:
+            self._reset_window()
             return loss
-        if window is not None:
-            micro_scale, grad_scale_of_total = self._loss_scales(window, grad_scale, found_inf)
-            if found_inf is not None:
-                self._last_loss_scale = micro_scale
-            self._avg = self._averaged(window, micro_scale, grad_scale_of_total)
-        self._update(self._scale if window is None else window.scale, grad_scale, found_inf)
+        try:
+            if window is not None:
+                micro_scale, grad_scale_of_total = self._loss_scales(window, grad_scale, found_inf)
+                if found_inf is not None:
+                    self._last_loss_scale = micro_scale
+                self._avg = self._averaged(window, micro_scale, grad_scale_of_total)
+            self._update(self._scale if window is None else window.scale, grad_scale, found_inf)
+        except BaseException:
+            self._pending, self._avg, self._last_loss_scale = before
+            raise
+        self._reset_window()
         return loss
 
     def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
@@ -436,8 +443,8 @@ class GradientStatistics(torch.optim.Optimizer):
             self._reset_window()
             return
         saved = dict(state_dict.pop(self._state_key))
+        self._optimizer.load_state_dict(state_dict)  # first: torch checks the state before it loads
         self._load_extra(saved)
-        self._optimizer.load_state_dict(state_dict)
         self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
         self._counts[0] = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
@@ -457,6 +464,18 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def _load_extra(self, saved: dict) -> None:
         """Pop a subclass's own entries from its saved state (none here)."""
+
+    def __getstate__(self) -> dict:
+        """For ``copy.deepcopy`` and pickle: everything but the hooks (torch's ``Optimizer`` would
+        give the inner optimizer's keys only, and no copy could be made)."""
+        return {**self.__dict__, "_hooks": []}
+
+    def __setstate__(self, state: dict) -> None:
+        """The copy gets its own handle and hooks on its own params (which share its sums)."""
+        self.__dict__.update(state)
+        self._counts[3] = next(_handles)
+        _WINDOW_OWNERS[int(self._counts[3])] = self
+        self._hook()
 
     def __repr__(self) -> str:
         return f"{self._name}(scale={self._scale}, smoothing={self._smoothing}, optimizer={self._optimizer!r})"

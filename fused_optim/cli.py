@@ -12,6 +12,18 @@ import torch
 from . import _build
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (0 rounds would report no time, a negative count fails only
+    after the cases are set up)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int >= 1")
+    return value
+
+
 def cmd_info(args) -> int:
     print(f"fused_optim      {__import__('fused_optim').__version__}")
     print(f"torch            {torch.__version__}")
@@ -112,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                        help="cpu (default), or cuda: the GPU benchmark, timed with CUDA events")
     bench.add_argument("--quick", action="store_true", help="skip the largest list (and, on cpu, the build timing)")
-    bench.add_argument("--repeats", type=int, default=None, help="rounds per case (default 11, quick 5)")
+    bench.add_argument("--repeats", type=_positive_int, default=None, help="rounds per case (default 11, quick 5)")
     bench.add_argument("--lists", nargs="+", choices=["1M", "25M", "100M", "1B"], default=None,
                        help="param lists to run: cpu 1M 25M 100M, cuda 1M 25M 1B (default: all; quick: 1M 25M)")
     bench.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")

@@ -3,6 +3,7 @@ mlbench-core's API and loss-scale schedule (``mlbench_core/optim/pytorch/fp_opti
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from typing import Any, Callable
@@ -51,9 +52,9 @@ class DynamicLossScaler:
                 "last_overflow_iter": self.last_overflow_iter}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loss_scale = float(state["loss_scale"])
-        self.iteration = int(state["iteration"])
-        self.last_overflow_iter = int(state["last_overflow_iter"])
+        """All or nothing: a state missing a key raises before any attribute changes."""
+        values = float(state["loss_scale"]), int(state["iteration"]), int(state["last_overflow_iter"])
+        self.loss_scale, self.iteration, self.last_overflow_iter = values
 
 
 class FP16Optimizer:
@@ -68,11 +69,12 @@ class FP16Optimizer:
             q = s·m·D  (s·m when divide_before already divided, with world_size > 1)
             N = ‖g‖ / q                         (the unscaled grad norm; ‖g‖ from the fp16 grads)
             overflow = N not finite
-            scaler.update_scale(overflow)       (see DynamicLossScaler; s grows or shrinks)
-            overflow:  raise if s ≤ min_scale; else change nothing more and return False
+            overflow:  scaler.update_scale(True)     (s shrinks; see DynamicLossScaler)
+                       raise if s ≤ min_scale; else change nothing more and return False
             master.grad ← fp32(g) / q
             master.grad ← master.grad · grad_clip / (N + 1e-6)     if that factor is < 1
             inner_optimizer.step()              (on the fp32 masters)
+            scaler.update_scale(False)          (after the inner step: a step that raises leaves s as it was)
             fp16 params ← fp16(masters)         (round to nearest even); return True
 
     The masters are one fp32 tensor per fp16 param by default (``fp32_params`` is their list, in
@@ -216,9 +218,8 @@ class FP16Optimizer:
         q = self.loss_scaler.loss_scale * multiplier * (1.0 if self.divide_before and self.world_size > 1 else divisor)
         present = [g for g in grads if g is not None]
         norm = float(multi_tensor_l2norm(present, fused=self.fused)) / q if present else 0.0
-        overflow = not math.isfinite(norm)
-        self.loss_scaler.update_scale(overflow)
-        if overflow:
+        if not math.isfinite(norm):
+            self.loss_scaler.update_scale(True)
             if self.loss_scaler.loss_scale <= self.min_scale:
                 raise RuntimeError(
                     f"FP16Optimizer: the loss scale fell to {self.loss_scaler.loss_scale} <= min_scale="
@@ -227,6 +228,7 @@ class FP16Optimizer:
             return False
         self._unscale_into_masters(grads, q, norm)
         self.optimizer.step()
+        self.loss_scaler.update_scale(False)
         with torch.no_grad():
             torch._foreach_copy_([p.detach() for p in self.params], self._master_views)
         return True
@@ -237,9 +239,11 @@ class FP16Optimizer:
             return float(self.world_size)
         if denom is None:
             raise ValueError("FP16Optimizer.step: average_custom=True needs denom=<the divisor of the summed grads>")
-        value = float(denom)
+        one_number = _number(denom) or (isinstance(denom, Tensor) and denom.numel() == 1)
+        value = float(denom) if one_number else math.nan
         if value == 0 or not math.isfinite(value):
-            raise ValueError(f"FP16Optimizer.step: invalid denom {value} (average_custom divides by it: finite, ≠ 0)")
+            raise ValueError(f"FP16Optimizer.step: invalid denom {denom!r} (average_custom divides by it: a finite "
+                             "number ≠ 0, or a one-element tensor)")
         return value
 
     def _grads(self, divisor: float) -> list[Tensor | None]:
@@ -303,7 +307,9 @@ class FP16Optimizer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what :meth:`state_dict` saved (call :meth:`set_optimizer` first when it saved
-        an inner optimizer); the fp16 params are set to the loaded masters, rounded."""
+        an inner optimizer); the fp16 params are set to the loaded masters, rounded. A state that
+        does not fit raises before anything changes: the inner optimizer's state (which torch checks
+        before it loads) goes in first, the masters and the scaler after it."""
         masters = state["fp32_params"]
         if bool(state["flatten"]) != self.flatten or [m.shape for m in masters] != [m.shape for m in self._masters]:
             saved = "one flat master" if state["flatten"] else f"{len(masters)} per-param masters"
@@ -314,13 +320,14 @@ class FP16Optimizer:
         if state["optimizer"] is not None and self.optimizer is None:
             raise RuntimeError("FP16Optimizer.load_state_dict: the state holds an inner optimizer's state; "
                                "call set_optimizer(optimizer) first")
+        copy.copy(self.loss_scaler).load_state_dict(state["loss_scaler"])  # raises for a bad scaler state
+        if state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
         with torch.no_grad():
             torch._foreach_copy_([m.detach() for m in self._masters],
                                  [s.to(m.device) for s, m in zip(masters, self._masters)])
             torch._foreach_copy_([p.detach() for p in self.params], self._master_views)
         self.loss_scaler.load_state_dict(state["loss_scaler"])
-        if state["optimizer"] is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
 
 
 def _number(value: Any) -> bool:

@@ -7,8 +7,8 @@ import torch
 
 from .adam import check_moments, decoupled_flag, init_moments
 from .norm import sum_squares_
-from .optimizer import (FusedOptimizer, check_betas, check_flag, check_lr, check_nonnegative, check_range,
-                        in_group_terms, is_real)
+from .optimizer import (FusedOptimizer, as_betas, check_betas, check_flag, check_lr, check_nonnegative,
+                        check_range, in_group_terms, is_real)
 
 
 class _LambBase(FusedOptimizer):
@@ -86,7 +86,7 @@ class FusedLAMB(_LambBase):
         check_flag("amsgrad", amsgrad)
         if amsgrad:
             raise ValueError("Invalid amsgrad value: True (LAMB has no AMSGrad variant; apex and ColossalAI refuse it too)")
-        defaults = dict(lr=lr, bias_correction=bias_correction, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+        defaults = dict(lr=lr, bias_correction=bias_correction, betas=as_betas(betas), eps=eps, weight_decay=weight_decay,
                         adam_w_mode=decoupled_flag(decoupled_weight_decay, adam_w_mode), grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
         self._grad_norm = None
@@ -164,7 +164,7 @@ class ColossalLamb(_LambBase):
                  weight_decay: float = 0.0, adam: bool = False, bias_correction: bool = False, *,
                  set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None,
                  state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, adam=adam,
+        defaults = dict(lr=lr, betas=as_betas(betas), eps=eps, weight_decay=weight_decay, adam=adam,
                         bias_correction=bias_correction)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
                          state_dtype=state_dtype, state_rounding=state_rounding,

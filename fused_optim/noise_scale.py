@@ -65,9 +65,11 @@ class NoiseScale(GradientStatistics):
 
 
 def suggested_accumulation(b_simple: float, micro_batch_size: int, world_size: int,
-                           max_accumulation: int | None = None) -> int:
+                           max_accumulation: int | None = None) -> int | float:
     """The accumulation count c whose batch N·c·B_micro is the largest not above ``b_simple``
-    (at least 1, at most ``max_accumulation``); 1 while ``b_simple`` is unknown (NaN).
+    (at least 1, at most ``max_accumulation``); 1 while ``b_simple`` is unknown (NaN). An
+    infinite ``b_simple`` (the noise dominates) suggests ``max_accumulation``, or ``inf``
+    without one (no count is large enough).
 
     Up to B_simple a larger batch cuts the steps needed almost proportionally; beyond it the
     returns diminish (the critical batch size B_crit ≈ B_simple)."""
@@ -75,7 +77,7 @@ def suggested_accumulation(b_simple: float, micro_batch_size: int, world_size: i
         return 1
     cap = math.inf if max_accumulation is None else max_accumulation
     c = b_simple / (world_size * micro_batch_size)
-    return int(max(1, min(cap, math.floor(c) if math.isfinite(c) else cap)))
+    return max(1, min(cap, math.floor(c) if math.isfinite(c) else cap))
 
 
 def noise_scale_metrics(stats: GradientStatistics, micro_batch_size: int,
@@ -118,3 +120,11 @@ class AccumulationRamp:
             self._windows = 0
             return c
         return accumulation
+
+    def state_dict(self) -> dict:
+        """The windows measured since the last change (for checkpoints: a resumed ramp raises
+        when an unbroken one would)."""
+        return {"windows": self._windows}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._windows = int(state["windows"])

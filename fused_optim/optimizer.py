@@ -129,6 +129,12 @@ def scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def as_betas(betas: Any) -> Any:
+    """A constructor's ``betas`` as the tuple the group keeps; anything but a pair is left as it is,
+    for :func:`check_betas` to refuse by name."""
+    return tuple(betas) if isinstance(betas, (tuple, list)) else betas
+
+
 def check_betas(betas: Any) -> None:
     check_range("betas", betas, isinstance(betas, (tuple, list)) and len(betas) == 2, "need (beta1, beta2)")
     for i, beta in enumerate(betas):
@@ -305,6 +311,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.implementation: str | None = "reference" if fused is False else None
         self._plans: dict[int, _Plan] = {}
         self._warned: set[str] = set()
+        self._checked: dict[int, list] = {}  # id(group) -> its hyperparameters at their last check
         self._check_group(defaults)
         super().__init__(params, defaults)
         self.state = _StateDict(self.state)
@@ -370,6 +377,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         for param_state in self.state.values():
             _step_as_tensor(param_state)
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
+        self._checked = {}  # (and the groups)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's, except that the state of a param with master weights or compact state keeps
@@ -408,6 +416,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         loss = run_closure(closure)
         grad_scale, found_inf = self._amp_args()
         self._prepare_step()
+        self._check_hyperparameters()
         self._check_later_groups()
         used = set()
         for gi, group in enumerate(self.param_groups):
@@ -707,6 +716,21 @@ class FusedOptimizer(torch.optim.Optimizer):
                 raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
         self._spec.run_compact_reference(*args, **amp, **scalars, **bucket.compact)
         return "reference"
+
+    def _check_hyperparameters(self) -> None:
+        """``_check_group`` on every group whose hyperparameters changed since their last check,
+        before any group steps: a bad value set in a later group (``group["lr"] = None``) raises
+        naming it and leaves every group as it was, instead of failing in that group's kernel call
+        after the groups before it stepped. The lr, which schedulers and AdaScale change from step
+        to step, is left out of the comparison: every step checks only that it is a number or a
+        Tensor (what the kernels take), its range is checked with the group's other values."""
+        for group in self.param_groups:
+            values = [v for k, v in group.items() if k != "params" and k != "lr"]
+            if self._checked.get(id(group)) != values:
+                self._check_group(group)
+                self._checked[id(group)] = values
+            elif not (is_real(group["lr"]) or isinstance(group["lr"], Tensor)):
+                check_lr(group["lr"])  # raises, naming it
 
     def _check_later_groups(self) -> None:
         """``_check_grads`` on the grads of every group after the first, before the first steps: a

@@ -52,8 +52,8 @@ def register(spec: OptimizerSpec, distributed: bool = False) -> None:
 
 
 def get_spec(name: str) -> OptimizerSpec:
-    spec = _REGISTRY.get(name.lower()) or _DISTRIBUTED.get(name.lower())
-    if spec is None:
+    spec = isinstance(name, str) and (_REGISTRY.get(name.lower()) or _DISTRIBUTED.get(name.lower()))
+    if not spec:
         raise ValueError(f"Unknown optimizer name {name!r}; available: {', '.join(list_optimizers())}; "
                          f"distributed: {', '.join(list_distributed_optimizers())}")
     return spec

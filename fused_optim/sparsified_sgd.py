@@ -106,6 +106,16 @@ class SparsifiedSGD(FusedOptimizer):
     def state_dict(self) -> dict:
         return {**super().state_dict(), "generator": self.generator.get_state()}
 
+    def __getstate__(self) -> dict:
+        return {**super().__getstate__(), "generator": self.generator.get_state()}
+
+    def __setstate__(self, state: dict) -> None:
+        generator = state.pop("generator", None)
+        super().__setstate__(state)
+        if "generator" not in self.__dict__:  # a copy (deepcopy, pickle): its own generator, in the saved state
+            self.generator = torch.Generator()
+            self.generator.set_state(generator)
+
     def load_state_dict(self, state_dict: dict) -> None:
         state_dict = dict(state_dict)
         generator = state_dict.pop("generator", None)

@@ -8,7 +8,9 @@ applies is the scheduled lr × the gain, which is known only after the window's 
 after the monitor has read the (unscaled) scheduled lr. So for the AdaScale optimizer the monitor
 names the series after the wrapped optimizer but logs no lr itself; :class:`AppliedLrSeries`
 logs, once per update, the lrs that update applied, under those names (momentum and weight decay
-stay the monitor's). Relies on ``LearningRateMonitor``'s naming methods (Lightning 2.6).
+stay the monitor's). A :class:`~fused_optim.NoiseScale` wrapper changes no lr: :func:`keep_names`
+only names its series after the wrapped optimizer. Relies on ``LearningRateMonitor``'s naming
+methods (Lightning 2.6).
 """
 
 from __future__ import annotations
@@ -56,9 +58,24 @@ class AppliedLrSeries:
 
     def detach(self) -> None:
         """Give the monitors their own methods back (at the end of the fit)."""
-        for monitor in self.monitors:
-            for method in _OVERRIDDEN:
-                monitor.__dict__.pop(method, None)
+        detach(self.monitors)
+
+
+def keep_names(trainer, wrapper: torch.optim.Optimizer, inner: torch.optim.Optimizer) -> list[LearningRateMonitor]:
+    """Make every ``LearningRateMonitor`` of ``trainer`` name the series of ``wrapper`` (which shares
+    the param groups of ``inner`` and applies their lrs as they are) after ``inner``, as without the
+    wrapper; returns the monitors, for :func:`detach`. Install at ``on_fit_start``."""
+    monitors = [cb for cb in trainer.callbacks if isinstance(cb, LearningRateMonitor)]
+    for monitor in monitors:
+        _see_through(monitor, wrapper, inner, skip_lr=False)
+    return monitors
+
+
+def detach(monitors: list[LearningRateMonitor]) -> None:
+    """Give ``monitors`` their own methods back (at the end of the fit)."""
+    for monitor in monitors:
+        for method in _OVERRIDDEN:
+            monitor.__dict__.pop(method, None)
 
 
 _OVERRIDDEN = ("_find_names_from_optimizers", "_extract_lr")
@@ -68,13 +85,13 @@ def _original(monitor: LearningRateMonitor, method: str):
     return getattr(type(monitor), method).__get__(monitor)
 
 
-def _see_through(monitor: LearningRateMonitor, adascale, inner) -> None:
-    """Make ``monitor`` name ``adascale`` after ``inner`` (unless a scheduler bound to ``adascale``
-    named it already) and skip the lr of ``inner``'s groups."""
+def _see_through(monitor: LearningRateMonitor, wrapper, inner, skip_lr: bool = True) -> None:
+    """Make ``monitor`` name ``wrapper`` after ``inner`` (unless a scheduler bound to ``wrapper``
+    named it already) and, with ``skip_lr``, skip the lr of ``inner``'s groups."""
     find_names, extract_lr = _original(monitor, _OVERRIDDEN[0]), _original(monitor, _OVERRIDDEN[1])
 
     def find_names_from_optimizers(optimizers: list[Any], seen_optimizers, seen_optimizer_types):
-        optimizers = [inner if opt is adascale and adascale not in seen_optimizers else opt for opt in optimizers]
+        optimizers = [inner if opt is wrapper and wrapper not in seen_optimizers else opt for opt in optimizers]
         return find_names(optimizers, seen_optimizers, seen_optimizer_types)
 
     def skip_inner_lr(param_group: dict, name: str) -> dict:
@@ -83,4 +100,5 @@ def _see_through(monitor: LearningRateMonitor, adascale, inner) -> None:
         return extract_lr(param_group, name)
 
     monitor._find_names_from_optimizers = find_names_from_optimizers
-    monitor._extract_lr = skip_inner_lr
+    if skip_lr:
+        monitor._extract_lr = skip_inner_lr

@@ -13,6 +13,7 @@ from fused_optim.metrics import NOISE_SCALE
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
 from .callback import AdaScaleCallback, _accumulation
+from .lr_monitor import detach, keep_names
 
 
 class NoiseScaleCallback(Callback):
@@ -25,13 +26,16 @@ class NoiseScaleCallback(Callback):
     hooks. Otherwise the optimizer is wrapped in a :class:`~fused_optim.NoiseScale` at
     ``on_fit_start`` (it shares the ``param_groups``, so schedulers stay valid); its accumulation
     count and world size follow the trainer's. It needs ``accumulate_grad_batches`` ≥ 2 or
-    several devices.
+    several devices. A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer
+    class>``, not ``lr-NoiseScale``).
 
     ``max_accumulation`` turns on a batch-size ramp (off by default): at each epoch start, once
     ``min_windows`` updates were measured at the current count, ``trainer.accumulate_grad_batches``
     rises to the suggested count (the largest batch not above B_simple), up to
     ``max_accumulation``; never down. With AdaScale (default scale) the scale follows the count,
     so the gain keeps the lr right for the larger batch. Not with a GradientAccumulationScheduler.
+    The ramp's count and windows are in Lightning checkpoints: a resumed run trains with the count
+    it had reached and raises it when an unbroken run would.
 
     Args:
         micro_batch_size: samples per micro-batch (per device and backward pass); default: the
@@ -55,6 +59,9 @@ class NoiseScaleCallback(Callback):
         self.noise_kwargs = dict(smoothing=smoothing, debias_ewma=debias_ewma)
         self._micro: int | None = None
         self._global_step = 0
+        self._accumulation: int | None = None  # the ramp's count, set at epoch starts
+        self._monitors: list = []  # LearningRateMonitors naming the NoiseScale's series after its optimizer
+        self._restored_accumulation: int | None = None  # from a checkpoint, for on_train_start
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.ramp is not None and any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
@@ -67,13 +74,15 @@ class NoiseScaleCallback(Callback):
             raise RuntimeError("NoiseScaleCallback needs automatic optimization with exactly one optimizer; with "
                                "manual optimization wrap your optimizer in fused_optim.NoiseScale yourself")
         if not isinstance(strategy.optimizers[0], GradientStatistics):  # (an AdaScale measures itself)
+            inner = strategy.optimizers[0]
             try:
-                strategy.optimizers = [NoiseScale(strategy.optimizers[0], world_size=trainer.world_size,
+                strategy.optimizers = [NoiseScale(inner, world_size=trainer.world_size,
                                                   num_gradients_to_accumulate=_accumulation(trainer),
                                                   **self.noise_kwargs)]
             except RuntimeError as err:
                 raise RuntimeError(f"{err}. In Lightning: Trainer(accumulate_grad_batches=4), or more "
                                    "devices") from None
+            self._monitors = keep_names(trainer, strategy.optimizers[0], inner)
 
     def on_train_start(self, trainer, pl_module) -> None:
         """(The dataloader exists from here on.)"""
@@ -82,6 +91,9 @@ class NoiseScaleCallback(Callback):
         if isinstance(stats, NoiseScale):
             stats.micro_batch_size = self._micro
         self._global_step = trainer.global_step
+        if self._restored_accumulation is not None:  # Lightning's count is the Trainer's argument again
+            trainer.accumulate_grad_batches = self._accumulation = self._restored_accumulation
+            self._restored_accumulation = None
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         """The ramp: a new count starts with the epoch, where Lightning's windows restart."""
@@ -89,7 +101,7 @@ class NoiseScaleCallback(Callback):
             return
         stats, accumulate = self._stats(trainer), trainer.accumulate_grad_batches
         c = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, trainer.world_size, accumulate)
-        trainer.accumulate_grad_batches = c
+        trainer.accumulate_grad_batches = self._accumulation = c
 
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         self._stats(trainer).set_window(trainer.world_size, _accumulation(trainer))
@@ -105,6 +117,20 @@ class NoiseScaleCallback(Callback):
             for name, value in noise_scale_metrics(self._stats(trainer), self._micro, max_c).items():
                 pl_module.log(name, value, prog_bar=self.prog_bar and name == NOISE_SCALE, on_step=True,
                               on_epoch=False, batch_size=1)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        detach(self._monitors)
+        self._monitors = []
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.ramp is None or self._accumulation is None:
+            return {}
+        return {"accumulation": self._accumulation, "ramp": self.ramp.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.ramp is not None and state_dict:
+            self.ramp.load_state_dict(state_dict["ramp"])
+            self._restored_accumulation = int(state_dict["accumulation"])
 
     @staticmethod
     def _stats(trainer) -> GradientStatistics:

@@ -30,6 +30,7 @@ class LossScaler:
         if not init_scale > 0:
             raise ValueError(f"Invalid loss_scale: {init_scale} (a float > 0, 'dynamic', or a dict of "
                              "GradScaler arguments)")
+        _check_schedule(growth_factor, backoff_factor, growth_interval)
         self.dynamic = dynamic
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self._scale = torch.tensor(float(init_scale))
@@ -74,7 +75,24 @@ class LossScaler:
                 "growth_interval": self.growth_interval, "_growth_tracker": int(self._growth_tracker)}
 
     def load_state_dict(self, state: dict) -> None:
-        self._scale.fill_(state["scale"])
-        self.growth_factor, self.backoff_factor = state["growth_factor"], state["backoff_factor"]
-        self.growth_interval = state["growth_interval"]
-        self._growth_tracker.fill_(state["_growth_tracker"])
+        """All or nothing: a state missing a key, or with a schedule GradScaler refuses, raises
+        before anything changes."""
+        scale, tracker = float(state["scale"]), int(state["_growth_tracker"])
+        schedule = state["growth_factor"], state["backoff_factor"], state["growth_interval"]
+        _check_schedule(*schedule)
+        self._scale.fill_(scale)
+        self.growth_factor, self.backoff_factor, self.growth_interval = schedule
+        self._growth_tracker.fill_(tracker)
+
+
+def _check_schedule(growth_factor, backoff_factor, growth_interval) -> None:
+    """``torch.amp.GradScaler``'s conditions (growth > 1, backoff < 1), and an interval of at
+    least one step, as ValueErrors naming the argument."""
+    for name, value, ok, what in (
+            ("growth_factor", growth_factor, isinstance(growth_factor, (int, float)) and growth_factor > 1, "> 1"),
+            ("backoff_factor", backoff_factor, isinstance(backoff_factor, (int, float)) and 0 < backoff_factor < 1,
+             "in (0, 1)"),
+            ("growth_interval", growth_interval, isinstance(growth_interval, int) and growth_interval >= 1,
+             "an int >= 1")):
+        if isinstance(value, bool) or not ok:
+            raise ValueError(f"Invalid loss_scale {name}: {value!r} (GradScaler's {name}: {what})")

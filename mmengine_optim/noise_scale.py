@@ -11,6 +11,9 @@ from fused_optim.adascale import GradientStatistics
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
 
+RAMP_KEY = "noise_scale_ramp"  # the checkpoint entry of the ramp's state
+
+
 class NoiseScaleHook(Hook):
     """Per optimizer update, the message hub gets ``train/noise_scale/b_simple`` (B_simple in
     samples, :class:`fused_optim.NoiseScale`), ``train/noise_scale/batch`` (world size ×
@@ -27,7 +30,8 @@ class NoiseScaleHook(Hook):
     largest batch not above B_simple), up to ``max_accumulation``; never down. The new count starts
     at the first update whose iteration count it divides (mmengine's windows are counted from
     iteration 0). With AdaScale (default scale) the scale follows the count, so the gain keeps the
-    lr right for the larger batch.
+    lr right for the larger batch. The ramp's count and windows are in the checkpoint
+    (``"noise_scale_ramp"``): a resumed run trains with the count it had reached.
 
     Args:
         micro_batch_size: samples per micro-batch (per rank and iteration); default: the train
@@ -84,6 +88,22 @@ class NoiseScaleHook(Hook):
         if self._target is not None and wrapper._inner_count % self._target == 0:
             self._set_accumulation(wrapper, stats, self._target)
             self._target = None
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        if self.ramp is not None:
+            checkpoint[RAMP_KEY] = {"accumulation": runner.optim_wrapper._accumulative_counts,
+                                    "target": self._target, "ramp": self.ramp.state_dict()}
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """On resume (not ``load_from``, as mmengine's EMAHook), before mmengine counts the resumed
+        iterations in windows of the wrapper's count (``initialize_count_status``), set here; the
+        statistics' count comes with the optimizer state (AdaScale) or from it (``before_train``)."""
+        saved = checkpoint.get(RAMP_KEY)
+        if self.ramp is None or saved is None or not runner._resume:
+            return
+        self.ramp.load_state_dict(saved["ramp"])
+        self._target = saved["target"]
+        runner.optim_wrapper._accumulative_counts = int(saved["accumulation"])
 
     @staticmethod
     def _set_accumulation(wrapper, stats: GradientStatistics, c: int) -> None:

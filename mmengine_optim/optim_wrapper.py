@@ -13,6 +13,7 @@ Both keep mmengine's accumulation (``accumulative_counts``, the loss divided by 
 from __future__ import annotations
 
 import logging
+import numbers
 import sys
 from contextlib import contextmanager
 
@@ -142,11 +143,15 @@ class FusedOptimWrapper(OptimWrapper):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """The optimizer's state (torch checks it before loading), then the loss scaler's: a state
+        that does not fit raises before either changes."""
         state_dict = dict(state_dict)
         scaler_state = state_dict.pop("loss_scaler", None)
         if scaler_state is not None and self.loss_scaler is not None:
-            self.loss_scaler.load_state_dict(scaler_state)
+            LossScaler().load_state_dict(scaler_state)  # raises for a bad scaler state
         super().load_state_dict(state_dict)
+        if scaler_state is not None and self.loss_scaler is not None:
+            self.loss_scaler.load_state_dict(scaler_state)
 
 
 class AdaScaleOptimWrapper(FusedOptimWrapper):
@@ -224,6 +229,9 @@ def _check_norm_clip(kwargs: dict) -> None:
     unknown = set(kwargs) - _NORM_CLIP_KEYS
     if unknown or "max_norm" not in kwargs:
         raise TypeError(f"clip_grad: takes max_norm (required), norm_type, error_if_nonfinite; got {sorted(kwargs)}")
+    max_norm = kwargs["max_norm"]
+    if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
+        raise ValueError(f"clip_grad: max_norm={max_norm!r} is not a number > 0 (the largest L2 norm of the grads)")
     if float(kwargs.get("norm_type", 2.0)) != 2.0:
         raise ValueError(f"clip_grad: norm_type={kwargs['norm_type']!r} is not supported: the fused norm is the L2 "
                          "norm (norm_type=2); use mmengine's OptimWrapper for other norms")

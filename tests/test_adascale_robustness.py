@@ -1,9 +1,12 @@
 """AdaScale in real training loops: each case works with ours and fails with fairscale 0.4.13
 (closures, short windows, frozen params, params without grads, GradScaler, zero_grad, checkpoints
-mid-window, weights_only loading, scale changes across a checkpoint, Lightning's optimizer wrapper)."""
+mid-window, weights_only loading, scale changes across a checkpoint, Lightning's optimizer wrapper),
+and steps and loads that raise, which leave everything as it was."""
 
+import copy
 import gc
 import io
+import pickle
 
 import pytest
 import torch
@@ -273,6 +276,89 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
             o.zero_grad()
     assert opt.gain() == opt2.gain() and opt.scale_invariant_steps == opt2.scale_invariant_steps
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
+
+
+def trained_three_windows():
+    """A two-group model and our AdaScale over FusedSGD after three full windows of 2."""
+    model, groups = model_and_groups(two_groups=True)
+    opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
+    for step in range(3):
+        backward_window(model, step, 2)
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+class _Injected(Exception):
+    pass
+
+
+def _raise_injected(*args, **kwargs):
+    raise _Injected()
+
+
+@pytest.mark.parametrize("passes", [2, 1], ids=["full-window", "short-window"])
+def test_an_inner_step_that_raises_leaves_the_statistics_and_the_window(passes):
+    """The inner optimizer's step raises once (fault injection) at the third window, a full one or
+    a short one (ended by step()): the state dict (averages, window sums, τ) is as before the
+    step, and stepping again continues exactly as an unbroken run."""
+    runs = []
+    for inject in (False, True):
+        model, groups = model_and_groups(two_groups=True)
+        opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
+        for step in range(5):
+            backward_window(model, step, 2, passes if step == 2 else None)
+            if inject and step == 2:
+                before = opt.state_dict()
+                inner_step = opt._optimizer.step
+                opt._optimizer.step = _raise_injected
+                with pytest.raises(_Injected):
+                    opt.step()
+                opt._optimizer.step = inner_step
+                after = opt.state_dict()
+                assert before.keys() == after.keys() and before["adascale"].keys() == after["adascale"].keys()
+                for key, value in before["adascale"].items():
+                    assert torch.equal(torch.as_tensor(value), torch.as_tensor(after["adascale"][key])), key
+            opt.step()
+            opt.zero_grad()
+        runs.append((params_of(model), opt.scale_invariant_steps, opt.gain()))
+    assert runs[0][1:] == runs[1][1:]
+    assert all(torch.equal(p, q) for p, q in zip(runs[0][0], runs[1][0]))
+
+
+def test_a_state_dict_that_does_not_load_leaves_tau():
+    """An optimizer state with another number of groups raises (torch's check) before τ, the
+    averages or the inner optimizer change."""
+    model, opt = trained_three_windows()
+    before = opt.state_dict()
+    bad = {**before, "param_groups": before["param_groups"][:1],
+           "adascale": {**before["adascale"], "scale_invariant_steps": 99.0}}
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.load_state_dict(bad)
+    assert opt.scale_invariant_steps == before["adascale"]["scale_invariant_steps"] != 99.0
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_made_mid_window_continues_as_the_original(how):
+    """``copy.deepcopy`` / pickle of (model, AdaScale) after the window's first backward (and the
+    grads so far): the copy hooks its own params (the original keeps its hooks), and both, fed the
+    same micro-batches, end with the same params and τ, bit for bit."""
+    model, opt = trained_three_windows()
+    backward_window(model, 3, 2, passes=1)
+    copied = copy.deepcopy((model, opt)) if how == "deepcopy" else pickle.loads(pickle.dumps((model, opt)))
+    for p, q in zip(copied[0].parameters(), model.parameters()):
+        p.grad = q.grad.clone()  # (a copied Parameter has no grad)
+    for m, o in ((model, opt), copied):
+        x, y = micro_batch(3, 1)
+        (torch.nn.functional.mse_loss(m(x), y) / 2).backward()
+        o.step()
+        o.zero_grad()
+        for step in range(4, 7):
+            backward_window(m, step, 2)
+            o.step()
+            o.zero_grad()
+    assert copied[1].scale_invariant_steps == opt.scale_invariant_steps
+    assert all(torch.equal(p, q) for p, q in zip(copied[0].parameters(), model.parameters()))
 
 
 def test_fairscale_cannot_checkpoint_mid_window_nor_load_weights_only():

@@ -1,5 +1,6 @@
 """Bad input gets a clear error naming the parameter; unsupported tensors fall back, never a copy."""
 
+import copy
 import os
 import subprocess
 import sys
@@ -23,6 +24,31 @@ def test_bad_param_group_is_rejected_without_changing_the_optimizer():
     with pytest.raises(ValueError, match="Invalid learning rate: -1"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": -1})
     assert len(opt.param_groups) == 1
+
+
+@pytest.mark.parametrize("cls, kwargs, key, value, pattern", [
+    (fused_optim.FusedSGD, dict(momentum=0.9), "lr", None, r"Invalid learning rate: None"),
+    (fused_optim.FusedSGD, dict(momentum=0.9), "momentum", "0.9", r"Invalid momentum value: 0\.9 \(momentum must"),
+    (fused_optim.FusedAdam, {}, "weight_decay", None, r"Invalid weight_decay value: None"),
+    (fused_optim.FusedLAMB, {}, "betas", (0.9,), r"Invalid betas: \(0\.9,\)"),
+    (fused_optim.LARS, dict(momentum=0.9), "eps", "1e-8", r"Invalid epsilon value: 1e-8"),
+], ids=["sgd-lr", "sgd-momentum", "adam-weight_decay", "lamb-betas", "lars-eps"])
+def test_a_bad_value_set_in_a_later_group_raises_before_any_group_steps(cls, kwargs, key, value, pattern):
+    """The value is set after construction (as a schedule or user code would), in the second of two
+    groups: the step raises naming it, and the first group's params and state are as they were
+    (they were updated before the second group's kernel call refused the value)."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, generator=gen)) for _ in range(2)]
+    opt = cls([{"params": params[:1]}, {"params": params[1:]}], lr=0.1, **kwargs)
+    for p in params:
+        p.grad = torch.randn(5, generator=gen)
+    opt.step()
+    before = [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict()["state"])
+    opt.param_groups[1][key] = value
+    with pytest.raises(ValueError, match=pattern):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(params, before[0]))
+    assert str(opt.state_dict()["state"]) == str(before[1])
 
 
 def test_complex_params_are_refused():

@@ -41,7 +41,7 @@ def _bad_grad(kind, p):
                          ids=["fused-sparse", "fused-dtype", "auto-sparse", "auto-group-value"])
 @pytest.mark.parametrize("name", list(MOMENTUM_OPTIMIZERS))
 def test_a_failed_first_step_leaves_no_trace(name, fused, bad):
-    """A step that raises (one param's grad, or a group value the kernel refuses), then good
+    """A step that raises (one param's grad, or a bad group value), then good
     steps: the same trajectory, bit for bit, as an optimizer that never saw the failure (no state
     kept from the failed step, and the momentum buffers are not reset again on every later step)."""
     make = MOMENTUM_OPTIMIZERS[name]
@@ -50,9 +50,9 @@ def test_a_failed_first_step_leaves_no_trace(name, fused, bad):
     for p, g in zip(ours, _grads(ours, 0)):
         p.grad = g
     before = [p.detach().clone() for p in ours]
-    if bad == "value":  # a group value set after construction that the kernel's arguments refuse
+    if bad == "value":  # a group value set after construction, refused by the check before any group steps
         opt.param_groups[0]["momentum"] = "0.9"
-        with pytest.raises(RuntimeError, match="momentum"):
+        with pytest.raises(ValueError, match="Invalid momentum value"):
             opt.step()
         opt.param_groups[0]["momentum"] = 0.9
     else:

@@ -157,6 +157,68 @@ def test_scale_falling_to_min_scale_raises():
         step_with(opt, model, gen, bad=float("inf"))
 
 
+class _FailsOnce(torch.optim.SGD):
+    """SGD whose next step raises while ``fail`` is set (fault injection into the inner step)."""
+    fail = False
+
+    def step(self, closure=None):
+        if self.fail:
+            self.fail = False
+            raise RuntimeError("injected")
+        return super().step(closure)
+
+
+def test_an_inner_step_that_raises_leaves_the_loss_scale():
+    """The scaler counts only steps that happened: after an inner step that raised, the same batch
+    stepped again gives what an unbroken run gives (scale, iteration, masters), scale growth
+    included (scale_window=2 grows at the second step)."""
+    runs = []
+    for inject in (False, True):
+        model = tiny_model(0)
+        opt = FP16Optimizer(model, init_scale=8, scale_window=2)
+        opt.set_optimizer(_FailsOnce(opt.fp32_params, lr=0.1, momentum=0.9))
+        gen = torch.Generator().manual_seed(0)
+        for t in range(3):
+            if inject and t == 1:
+                state = torch.Generator().set_state(gen.get_state())
+                opt.optimizer.fail = True
+                with pytest.raises(RuntimeError, match="injected"):
+                    step_with(opt, model, gen)
+                assert opt.loss_scaler.state_dict() == {"loss_scale": 8.0, "iteration": 1, "last_overflow_iter": -1}
+                gen = state  # the same batch again
+            assert step_with(opt, model, gen)
+        runs.append((opt.loss_scaler.state_dict(), [m.detach().clone() for m in opt._masters]))
+    assert runs[0][0] == runs[1][0] == {"loss_scale": 16.0, "iteration": 3, "last_overflow_iter": -1}
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+
+
+@pytest.mark.parametrize("broken", ["inner optimizer", "loss scaler"])
+def test_a_state_that_does_not_load_changes_nothing(broken):
+    """A state whose inner optimizer state has other groups, or whose scaler state lacks a key,
+    raises before the masters, the fp16 params, the scaler or the inner optimizer change."""
+    model = tiny_model(0)
+    opt = FP16Optimizer(model, init_scale=8, scale_window=2)
+    opt.set_optimizer(fused_optim.FusedSGD(opt.fp32_params, lr=0.1, momentum=0.9))
+    gen = torch.Generator().manual_seed(0)
+    step_with(opt, model, gen)
+    good = copy.deepcopy(opt.state_dict())
+    step_with(opt, model, gen)
+    before = snapshot(opt, model), opt.loss_scaler.state_dict()
+    bad = copy.deepcopy(good)
+    if broken == "inner optimizer":
+        bad["optimizer"]["param_groups"][0]["params"].pop()
+    else:
+        del bad["loss_scaler"]["iteration"]
+    with pytest.raises((ValueError, KeyError)):
+        opt.load_state_dict(bad)
+    after = snapshot(opt, model), opt.loss_scaler.state_dict()
+    assert after[1] == before[1]
+    for key in ("params", "masters"):
+        assert all(torch.equal(a, b) for a, b in zip(before[0][key], after[0][key])), key
+    for k, state in before[0]["inner"].items():
+        assert all(torch.equal(state[name], after[0]["inner"][k][name]) for name in state), "inner optimizer state"
+
+
 @pytest.mark.parametrize("inner", ["Adam", "AdamW", "SGD"])
 def test_per_param_and_flat_masters_step_alike_for_elementwise_optimizers(inner):
     """Elementwise updates do not care how the masters are laid out: our kernels compute every
@@ -327,6 +389,9 @@ def test_errors_name_the_argument_and_the_fix():
     custom.set_optimizer(torch.optim.SGD(custom.fp32_params, lr=0.1))
     with pytest.raises(ValueError, match="average_custom=True needs denom="):
         custom.step()
+    for denom in (torch.tensor([1.0, 2.0]), "2", 0.0):
+        with pytest.raises(ValueError, match=r"invalid denom .*a finite number ≠ 0, or a one-element tensor"):
+            custom.step(denom=denom)
     with pytest.raises(ValueError, match="no parameter that requires grad"):
         FP16Optimizer(torch.nn.Linear(2, 2).requires_grad_(False))
 

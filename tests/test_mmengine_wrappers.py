@@ -175,6 +175,31 @@ def test_loss_scaler_state_round_trip_and_grad_scaler_compat():
     assert static.get_scale() == 8.0
 
 
+@pytest.mark.parametrize("broken", ["optimizer", "loss scaler"])
+def test_fused_wrapper_state_that_does_not_load_changes_nothing(broken):
+    """A checkpoint whose optimizer state has another number of groups, or whose loss scaler state
+    lacks a key, raises before the loss scaler or the optimizer change."""
+    model, groups = model_and_groups(two_groups=True)
+    wrapper = FusedOptimWrapper(FusedSGD(groups, lr=0.1, momentum=0.9), loss_scale=dict(init_scale=256.0,
+                                growth_interval=3))
+    wrapper.update_params(_mse(model, 0, 0))
+    good = copy.deepcopy(wrapper.state_dict())
+    wrapper.update_params(_mse(model, 1, 0))
+    before = copy.deepcopy(wrapper.state_dict())
+    bad = copy.deepcopy(good)
+    bad["loss_scaler"]["scale"] = 3.0
+    if broken == "optimizer":
+        bad["param_groups"].pop()
+    else:
+        del bad["loss_scaler"]["growth_interval"]
+    with pytest.raises((ValueError, KeyError)):
+        wrapper.load_state_dict(bad)
+    after = wrapper.state_dict()
+    assert after["loss_scaler"] == before["loss_scaler"] == {**good["loss_scaler"], "_growth_tracker": 2}
+    for k, state in before["state"].items():
+        assert torch.equal(state["momentum_buffer"], after["state"][k]["momentum_buffer"])
+
+
 def test_fused_wrapper_non_finite_norm_without_loss_scale_skips():
     model, groups = model_and_groups(two_groups=False)
     wrapper = FusedOptimWrapper(FusedSGD(groups, lr=0.1), clip_grad=dict(max_norm=1.0))
@@ -196,6 +221,11 @@ def test_fused_wrapper_non_finite_norm_without_loss_scale_skips():
     (dict(loss_scale="static"), ValueError, "loss_scale"),
     (dict(loss_scale=-1.0), ValueError, "loss_scale"),
     (dict(loss_scale="dynamic", dtype="float32"), ValueError, "dtype"),
+    (dict(clip_grad=dict(max_norm="1.0")), ValueError, "max_norm='1.0' is not a number > 0"),
+    (dict(clip_grad=dict(max_norm=-1.0)), ValueError, "max_norm=-1.0 is not a number > 0"),
+    (dict(loss_scale=dict(growth_interval=0)), ValueError, "growth_interval: 0 .*an int >= 1"),
+    (dict(loss_scale=dict(growth_factor=0.5)), ValueError, "growth_factor: 0.5 .*> 1"),
+    (dict(loss_scale=dict(backoff_factor=2.0)), ValueError, "backoff_factor: 2.0 .*in \\(0, 1\\)"),
 ])
 def test_fused_wrapper_bad_arguments(kwargs, error, match):
     _, groups = model_and_groups(two_groups=False)

@@ -153,6 +153,7 @@ def test_suggested_accumulation_and_ramp():
     assert suggested_accumulation(3.0, micro_batch_size=8, world_size=1) == 1
     assert suggested_accumulation(math.nan, micro_batch_size=8, world_size=1) == 1
     assert suggested_accumulation(math.inf, micro_batch_size=8, world_size=1, max_accumulation=16) == 16
+    assert suggested_accumulation(math.inf, micro_batch_size=8, world_size=1) == math.inf  # (no ramp: logged)
     ramp = AccumulationRamp(max_accumulation=8, min_windows=2)
     assert ramp.next_accumulation(100.0, 8, 1, 2) == 2  # not measured long enough
     ramp.count_window()

@@ -67,15 +67,22 @@ def test_colossalai_class_names_are_aliases_of_the_colossal_classes():
     assert {"ColossalLars", "ColossalLamb", "Lars", "Lamb"} <= set(fused_optim.__all__)
 
 
-def test_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"Unknown optimizer name 'adamx'; available: adam, adamw"):
-        create_optimizer("adamx", [torch.nn.Parameter(torch.zeros(1))])
+@pytest.mark.parametrize("name", ["adamx", None, 3], ids=["misspelt", "none", "int"])
+def test_unknown_name_lists_the_known_ones(name):
+    with pytest.raises(ValueError, match=rf"Unknown optimizer name {name!r}; available: adam, adamw"):
+        create_optimizer(name, [torch.nn.Parameter(torch.zeros(1))])
 
 
 def cli(*args, timeout=1800):
     exe = shutil.which("fused-optim") or ""
     cmd = [exe, *args] if exe else [sys.executable, "-m", "fused_optim.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("repeats", ["0", "-3", "two"])
+def test_bench_refuses_a_repeat_count_below_one_before_running(repeats):
+    out = cli("bench", "--repeats", repeats, timeout=120)
+    assert out.returncode == 2 and f"--repeats: {repeats!r} is not an int >= 1" in out.stderr
 
 
 def test_info_reports_the_build():

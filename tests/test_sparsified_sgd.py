@@ -1,6 +1,8 @@
 """SparsifiedSGD: error feedback keeps every gradient, k coordinates per step, any shape, the
 estimated-weights average of mlbench_core (golden), a private generator."""
 
+import copy
+import pickle
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,24 @@ def test_seed_makes_runs_repeatable_and_different_seeds_differ():
     c, *_ = run(True, True, seed=8)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_draws_the_coordinates_the_original_draws(how):
+    """A copy of the optimizer after 6 steps has its own generator in the original's state: fed the
+    same grads, copy and original update the same coordinates by the same amounts (the copy lost
+    its generator and its step raised AttributeError)."""
+    ps, _, _, opt, _ = run(True, True)
+    copied = copy.deepcopy(opt) if how == "deepcopy" else pickle.loads(pickle.dumps(opt))
+    assert copied.generator is not opt.generator
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        for p, q in zip(ps, copied.param_groups[0]["params"]):
+            p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            q.grad = p.grad.clone()
+        opt.step()
+        copied.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, copied.param_groups[0]["params"]))
 
 
 def golden_estimates():
