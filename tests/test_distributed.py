@@ -313,7 +313,8 @@ def test_single_process_is_the_inner_optimizer():
     lambda m: d.PowerSGD(m, lr=0.1, momentum=0.9, reuse_query=True),
     lambda m: d.DecentralizedSGD(0, [], m, lr=0.1, momentum=0.9),
     lambda m: d.CustomCentralizedOptimizer(m, None, torch.optim.Adam(m.parameters(), lr=0.1)),
-], ids=["centralized", "powersgd", "decentralized", "custom"])
+    lambda m: d.CentralizedSparsifiedSGD(m.parameters(), lr=0.1, sparse_grad_size=2, random_sparse=True),
+], ids=["centralized", "powersgd", "decentralized", "custom", "sparsified"])
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 def test_copies_continue_as_the_original(make, how):
     """copy.deepcopy and pickling (as of any torch.optim optimizer) give an optimizer of copied

@@ -54,6 +54,9 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
             comm.check_same_params(type(self).__name__,
                                    [p for group in self.param_groups for p in group["params"]])
 
+    def __getstate__(self) -> dict:  # a copy (deepcopy, pickle) keeps its world
+        return {**super().__getstate__(), "world_size": self.world_size, "average_world": self.average_world}
+
     def _draw(self, params: list[Tensor], group: dict) -> list[Tensor]:
         """The flat indices each param sends this step."""
         return [sparse_indices(p.numel(), group["sparse_grad_size"], group["random_sparse"], self.generator)
