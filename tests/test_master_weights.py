@@ -16,8 +16,9 @@ from utils import cpu_kernels_fuse_multiply_adds, optimizer_kwargs
 HALF = [torch.float16, torch.bfloat16]
 # Ops whose update reads per-tensor norms (LAMB's trust ratio and clipping, LARS): the norms of
 # fp16/bf16 grads are summed in fp32 lanes of another block width than those of the fp32 grads
-# (16 elements per block instead of 8), so they may differ in the last bits: each step's update
-# then differs by at most ~2 ulps of the param's scale.
+# (twice as many elements per block: 32 instead of 16 on AVX-512, 16 instead of 8 on AVX2), so they
+# may differ in the last bits: each step's update then differs by at most ~2 ulps of the param's
+# scale.
 NORM_OPS = {"lamb_", "colossal_lamb_", "lars_", "colossal_lars_"}
 STEPS = 6
 
