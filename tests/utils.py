@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
+import subprocess
 
 import torch
 
+from fused_optim import _build
 from fused_optim.registry import get_spec
 
 SMALL = 300  # many small tensors in one group
+
+
+@functools.cache
+def cpu_kernels_fuse_multiply_adds() -> bool:
+    """Whether the CPU kernels are compiled for FMA (every CPU with AVX2 has it): then their x*y + z
+    round once, as the CUDA code's; without it (x86-64 before AVX2) at::vec rounds the product and
+    the sum. Asks the compiler for its predefined macros under the build's flags."""
+    out = subprocess.run(["c++", *_build.CFLAGS, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
+                         text=True, check=True, timeout=120)
+    return "#define __FMA__ 1" in out.stdout.splitlines()
 
 
 def make_groups(dtype=torch.float32, seed=0, small=SMALL) -> list[dict]:

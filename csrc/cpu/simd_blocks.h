@@ -44,7 +44,10 @@ template <typename T>
 using FVec = at::vec::Vectorized<opmath_t<T>>;
 
 // The primitives of the shared update rules (their meaning: csrc/shared/primitives.h, which has
-// the scalar overloads) on at::vec::Vectorized<float/double>.
+// the scalar overloads) on at::vec::Vectorized<float/double>. mul_add is one instruction with one
+// rounding where the target has FMA (every AVX2 and AVX-512 CPU); on x86-64 without it, at::vec
+// rounds the product and then the sum (not std::fma per lane: a libm call each), so there the
+// results differ from FMA builds' and the CUDA kernels' in the last bits.
 template <typename M>
 C10_ALWAYS_INLINE at::vec::Vectorized<M> mul_add(const at::vec::Vectorized<M>& a, const at::vec::Vectorized<M>& b,
                                                  const at::vec::Vectorized<M>& c) {

@@ -2,7 +2,8 @@
 // rules are written on: float and double here (CUDA's per-element math, and every per-tensor rule,
 // on double), at::vec::Vectorized<float/double> in csrc/cpu/simd_blocks.h (the CPU's SIMD blocks,
 // declared there before the CPU includes a rule). The overloads of one name mean the same:
-//   mul_add(a, b, c)    a*b + c with one rounding (fused multiply-add)
+//   mul_add(a, b, c)    a*b + c with one rounding (fused multiply-add; the CPU's SIMD blocks
+//                       round twice where the CPU has no FMA, see csrc/cpu/simd_blocks.h)
 //   sqrt_of(x)          the square root
 //   max_of(a, b)        the larger of a and b; NaN when either is NaN (as torch.maximum)
 //   min_of(a, b)        b if b < a, else a (as std::min; per-tensor rules only)
