@@ -24,3 +24,12 @@ def backward_window(model, step: int, accum: int, passes: int | None = None) -> 
     for m in range(accum if passes is None else passes):
         x, y = (t.to(device) for t in micro_batch(step, m))
         (torch.nn.functional.mse_loss(model(x), y) / accum).backward()
+
+
+def step_windows(model, opt, steps) -> None:
+    """For each step of ``steps``: its full window of 2 micro-batches, then ``opt.step()`` and
+    ``opt.zero_grad()``."""
+    for step in steps:
+        backward_window(model, step, 2)
+        opt.step()
+        opt.zero_grad()

@@ -13,7 +13,7 @@ import torch
 from fairscale.optim.adascale import AdaScale as FairscaleAdaScale
 
 import fused_optim
-from adascale_loops import backward_window, micro_batch, model_and_groups
+from adascale_loops import backward_window, micro_batch, model_and_groups, step_windows
 from fused_optim import AdaScale
 
 
@@ -92,10 +92,7 @@ def test_frozen_params_and_params_without_grads():
     model, extra, inner = setup()
     opt = ours(inner)
     frozen = model[0].weight.detach().clone()
-    for step in range(3):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
+    step_windows(model, opt, range(3))
     assert torch.equal(model[0].weight, frozen) and torch.equal(extra.detach(), torch.ones(3))
     assert opt.gain() > 1.0
     with pytest.raises(RuntimeError, match="doesn't require gradient"):  # fairscale hooks every param
@@ -247,10 +244,7 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
         (torch.nn.functional.mse_loss(model(x), y) / 2).backward()
 
     model, opt = start()
-    for step in range(4):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
+    step_windows(model, opt, range(4))
     for m in range(saved_after):
         backward(model, 4, m)
     gain_before_save = opt.gain()
@@ -270,10 +264,7 @@ def test_state_dict_mid_window_loads_with_weights_only_and_continues_identically
             backward(m, 4, 1)
         o.step()
         o.zero_grad()
-        for step in range(5, 8):
-            backward_window(m, step, 2)
-            o.step()
-            o.zero_grad()
+        step_windows(m, o, range(5, 8))
     assert opt.gain() == opt2.gain() and opt.scale_invariant_steps == opt2.scale_invariant_steps
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
 
@@ -282,10 +273,7 @@ def trained_three_windows():
     """A two-group model and our AdaScale over FusedSGD after three full windows of 2."""
     model, groups = model_and_groups(two_groups=True)
     opt = ours(fused_optim.FusedSGD(groups, lr=0.1, momentum=0.9))
-    for step in range(3):
-        backward_window(model, step, 2)
-        opt.step()
-        opt.zero_grad()
+    step_windows(model, opt, range(3))
     return model, opt
 
 
@@ -353,10 +341,7 @@ def test_a_copy_made_mid_window_continues_as_the_original(how):
         (torch.nn.functional.mse_loss(m(x), y) / 2).backward()
         o.step()
         o.zero_grad()
-        for step in range(4, 7):
-            backward_window(m, step, 2)
-            o.step()
-            o.zero_grad()
+        step_windows(m, o, range(4, 7))
     assert copied[1].scale_invariant_steps == opt.scale_invariant_steps
     assert all(torch.equal(p, q) for p, q in zip(copied[0].parameters(), model.parameters()))
 
@@ -410,10 +395,7 @@ def test_survives_lightnings_optimizer_wrapper_being_discarded():
         wrapper = LightningOptimizer(opt)
         del wrapper
         gc.collect()
-        for step in range(3):
-            backward_window(model, step, 2)
-            opt.step()
-            opt.zero_grad()
+        step_windows(model, opt, range(3))
         return opt.gain()
 
     assert "__del__" not in vars(AdaScale)
