@@ -61,6 +61,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
+from torch.optim.optimizer import required
 
 from . import _build, _ops, state_formats
 from .spec import OpSpec
@@ -90,6 +91,12 @@ def check_lr(lr: Any) -> None:
         check_range("learning rate", lr, float(lr) >= 0.0, "lr must be >= 0")
         return
     check_range("learning rate", lr, is_real(lr) and lr >= 0.0, "lr must be a float >= 0")
+
+
+def _lr_missing(group: dict) -> bool:
+    """Whether the group's lr is torch's ``required`` placeholder (by type: a copied or unpickled
+    optimizer's defaults hold a copy of it)."""
+    return isinstance(group.get("lr"), type(required))
 
 
 def is_real(value: Any) -> bool:
@@ -312,7 +319,8 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._plans: dict[int, _Plan] = {}
         self._warned: set[str] = set()
         self._checked: dict[int, list] = {}  # id(group) -> its hyperparameters at their last check
-        self._check_group(defaults)
+        # torch's `required` lr (apex, quadra): the constructor may leave lr to every param group
+        self._check_group({**defaults, "lr": 0.0} if _lr_missing(defaults) else defaults)
         super().__init__(params, defaults)
         self.state = _StateDict(self.state)
 
@@ -436,6 +444,9 @@ class FusedOptimizer(torch.optim.Optimizer):
     # ---- internals --------------------------------------------------------------------------
     def _check_group(self, group: dict) -> None:
         """The algorithm's checks of a group's hyperparameters, after those of its boolean options."""
+        if _lr_missing(group):
+            raise ValueError(f"{type(self).__name__}: a param group has no lr and the constructor got none; "
+                             "pass lr=... to the constructor or give every param group an 'lr'")
         for name in self._flags:
             if name in group:
                 check_flag(name, group[name])

@@ -26,6 +26,31 @@ def test_bad_param_group_is_rejected_without_changing_the_optimizer():
     assert len(opt.param_groups) == 1
 
 
+@pytest.mark.parametrize("cls, kwargs", [
+    (fused_optim.FusedSGD, dict(momentum=0.9)), (fused_optim.LARS, dict(momentum=0.9, weight_decay=0.1)),
+    (fused_optim.SignSGD, {}), (fused_optim.SparsifiedSGD, dict(sparse_grad_size=2, seed=0)),
+], ids=["FusedSGD", "LARS", "SignSGD", "SparsifiedSGD"])
+def test_lr_given_by_every_group_instead_of_the_constructor(cls, kwargs):
+    """apex's FusedSGD and quadra's LARS take torch's ``required`` lr: the constructor may omit it
+    when every param group has one (timm's create_optimizer_v2 builds them so when its lr is None),
+    and then steps as with it (the same kernel on the same numbers: bit for bit). A group without
+    lr is refused, naming lr, and leaves the optimizer as it was."""
+    start, grad = torch.linspace(-1, 1, 8), torch.linspace(0.5, -0.25, 8)
+    p, q = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    by_group, by_constructor = cls([{"params": [p], "lr": 0.5}], **kwargs), cls([q], lr=0.5, **kwargs)
+    for _ in range(2):
+        p.grad, q.grad = grad.clone(), grad.clone()
+        by_group.step()
+        by_constructor.step()
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=0, atol=0)
+    assert not torch.equal(p.detach(), start)
+    with pytest.raises(ValueError, match=f"{cls.__name__}: a param group has no lr .* pass lr="):
+        cls([torch.nn.Parameter(start.clone())], **kwargs)
+    with pytest.raises(ValueError, match="has no lr"):
+        by_group.add_param_group({"params": [torch.nn.Parameter(start.clone())]})
+    assert len(by_group.param_groups) == 1
+
+
 @pytest.mark.parametrize("cls, kwargs, key, value, pattern", [
     (fused_optim.FusedSGD, dict(momentum=0.9), "lr", None, r"Invalid learning rate: None"),
     (fused_optim.FusedSGD, dict(momentum=0.9), "momentum", "0.9", r"Invalid momentum value: 0\.9 \(momentum must"),
