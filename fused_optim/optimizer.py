@@ -571,6 +571,11 @@ class FusedOptimizer(torch.optim.Optimizer):
                     f"{type(self).__name__}: param {i} of group {gi} has dtype {p.dtype}; only floating-point "
                     "params can be optimized (torch.optim fails on it too); leave it out of the optimizer"
                 )
+            if p.layout is not torch.strided:  # before its state is made: zeros_like(sparse) fails unclearly
+                raise RuntimeError(
+                    f"{type(self).__name__}: param {i} of group {gi} is a sparse tensor ({p.layout}); fused_optim "
+                    "does not support sparse gradients or params (use torch.optim.SparseAdam, or a dense param)"
+                )
             state = self.state.get(p)  # not self.state[p]: dynamo cannot trace our __missing__
             new = state is None
             if new:

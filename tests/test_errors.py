@@ -89,6 +89,26 @@ def test_sparse_gradients_raise_a_clear_error(fused):
         fused_optim.FusedSGD([p], lr=0.1, fused=fused).step()
 
 
+@pytest.mark.parametrize("fused", [None, False])
+@pytest.mark.parametrize("make", [
+    lambda ps, fused: fused_optim.SGD(ps, lr=0.1, momentum=0.9, fused=fused),
+    lambda ps, fused: fused_optim.Adam(ps, lr=0.1, fused=fused),
+    lambda ps, fused: fused_optim.ColossalLamb(ps, lr=0.1, fused=fused),
+], ids=["sgd-momentum", "adam", "colossal-lamb"])
+def test_a_sparse_param_raises_a_clear_error_and_changes_nothing(make, fused):
+    """A sparse param (its grad is sparse too) is refused before any state is made for it (making
+    the moments like it failed inside torch, with no word of the param): the error names it, and
+    the dense param before it in the group is neither updated nor given state."""
+    dense = torch.nn.Parameter(torch.ones(3))
+    sparse = torch.zeros(2, 2).to_sparse().requires_grad_(True)
+    dense.grad = torch.ones(3)
+    sparse.grad = torch.ones(2, 2).to_sparse()
+    opt = make([dense, sparse], fused)
+    with pytest.raises(RuntimeError, match=r"param 1 of group 0 is a sparse tensor .*SparseAdam"):
+        opt.step()
+    assert torch.equal(dense, torch.ones(3)) and len(opt.state) == 0
+
+
 def _non_contiguous_pair():
     base = torch.randn(8, 6)
     ours = torch.nn.Parameter(base.clone().t())  # a transposed view: not contiguous
