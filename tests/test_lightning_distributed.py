@@ -150,3 +150,29 @@ def test_a_per_rank_checkpoint_refuses_another_world_size(tmp_path):
         strategy.load_checkpoint(path)
     torch.save({"state_dict": {"w": torch.ones(1)}}, path)
     assert torch.equal(strategy.load_checkpoint(path)["state_dict"]["w"], torch.ones(1))
+
+
+@pytest.mark.parametrize("returned", ["torch.optim.SGD", "fused_optim.SGD", "centralized"])
+def test_centralized_strategy_takes_only_an_optimizer_that_communicates(returned):
+    """"centralized" / "decentralized" leave the model unwrapped, so an optimizer that does not
+    communicate would let each rank train its own model in silence: setup refuses it with the fix.
+    In one process (the check needs no process group): Lightning's own setup_optimizers step."""
+    import fused_optim
+    import fused_optim.distributed as fd
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    make = {"torch.optim.SGD": lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+            "fused_optim.SGD": lambda m: fused_optim.SGD(m.parameters(), lr=0.1),
+            "centralized": lambda m: fd.CustomCentralizedOptimizer(m, 1, torch.optim.SGD(m.parameters(), lr=0.1))}
+    model = BoringModel()
+    model.configure_optimizers = lambda: make[returned](model)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy="centralized", logger=False)
+    trainer.strategy.connect(model)
+    model.trainer = trainer
+    if returned == "centralized":
+        trainer.strategy.setup_optimizers(trainer)
+        assert isinstance(trainer.strategy.optimizers[0], fd.CustomCentralizedOptimizer)
+    else:
+        with pytest.raises(TypeError, match=r"returned SGD, which does not communicate.*fused_optim\.distributed.*"
+                                            r"strategy='ddp'"):
+            trainer.strategy.setup_optimizers(trainer)

@@ -5,8 +5,14 @@ from .centralized import CentralizedAdam, CentralizedSGD, CustomCentralizedOptim
 from .decentralized import DecentralizedSGD, ring, torus
 from .powersgd import PowerSGD
 from .sparsified import CentralizedSparsifiedSGD
+from .wrapper import CommunicatingOptimizer
+
+COMMUNICATING = (CommunicatingOptimizer, CentralizedSparsifiedSGD)
+"""The classes of every optimizer here: ``isinstance(opt, COMMUNICATING)`` says its ``step``
+communicates, so the model needs no DistributedDataParallel wrapper."""
 
 __all__ = [
+    "COMMUNICATING",
     "CentralizedAdam",
     "CentralizedSGD",
     "CentralizedSparsifiedSGD",
