@@ -17,11 +17,10 @@ from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
-from fused_optim.distributed import COMMUNICATING, per_rank
+from fused_optim.distributed import check_communicates, per_rank
 
 from .powersgd_state import PowerSGDKeeper
 from .strategy import GroupEndingDDPStrategy
-from .wrapping import inner_optimizer
 
 RANK_KEYS = ("state_dict", "optimizer_states")  # what differs between ranks
 
@@ -71,14 +70,7 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
         wrapper, each rank would train its own model and nothing would say so."""
         super().setup_optimizers(trainer)
         for opt in self.optimizers:
-            if not isinstance(inner_optimizer(opt), COMMUNICATING):
-                name = type(inner_optimizer(opt)).__name__
-                raise TypeError(
-                    f"configure_optimizers returned {name}, which does not communicate, and strategies "
-                    f"'centralized' / 'decentralized' do not wrap the model in DistributedDataParallel: return an "
-                    f"optimizer of fused_optim.distributed (CentralizedSGD, CentralizedAdam, "
-                    f"CustomCentralizedOptimizer over {name}, DecentralizedSGD, PowerSGD, CentralizedSparsifiedSGD), "
-                    f"or keep {name} with strategy='ddp'")
+            check_communicates(opt, "strategy 'centralized' / 'decentralized'", "strategy='ddp'")
 
     def configure_ddp(self) -> None:
         _sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper

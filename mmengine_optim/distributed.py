@@ -24,6 +24,7 @@ from fused_optim import distributed as fd
 from fused_optim.distributed import by_params
 
 from mmengine.hooks import CheckpointHook, Hook
+from mmengine.optim import OptimWrapperDict
 
 from fused_optim.distributed import per_rank
 
@@ -33,17 +34,27 @@ from .registry import HOOKS, MODEL_WRAPPERS, OPTIMIZERS, register
 class OptimizerSyncedModel(torch.nn.Module):
     """A model wrapper that does not communicate: the optimizer averages grads or params itself.
     At construction it broadcasts rank 0's params and buffers (as DDP does), so every rank starts
-    from the same model. ``train_step`` / ``val_step`` / ``test_step`` are the module's."""
+    from the same model. ``train_step`` / ``val_step`` / ``test_step`` are the module's; the first
+    ``train_step`` refuses an optimizer that does not communicate (each rank would train its own)."""
 
     def __init__(self, module: torch.nn.Module):
         super().__init__()
         self.module = module
+        self._checked = False  # whether train_step has checked that the optimizers communicate
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             with torch.no_grad():
                 for tensor in module.state_dict().values():
                     dist.broadcast(tensor, 0)
 
     def train_step(self, data, optim_wrapper):
+        """The module's, after checking (once) that each optimizer of ``optim_wrapper`` (an
+        OptimWrapper or an OptimWrapperDict) communicates."""
+        if not self._checked:
+            wrappers = optim_wrapper.values() if isinstance(optim_wrapper, OptimWrapperDict) else [optim_wrapper]
+            for wrapper in wrappers:
+                fd.check_communicates(wrapper.optimizer, "mmengine_optim.OptimizerSyncedModel",
+                                      "mmengine's MMDistributedDataParallel (leave out model_wrapper_cfg)")
+            self._checked = True
         return self.module.train_step(data, optim_wrapper)
 
     def val_step(self, data):

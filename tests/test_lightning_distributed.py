@@ -173,6 +173,6 @@ def test_centralized_strategy_takes_only_an_optimizer_that_communicates(returned
         trainer.strategy.setup_optimizers(trainer)
         assert isinstance(trainer.strategy.optimizers[0], fd.CustomCentralizedOptimizer)
     else:
-        with pytest.raises(TypeError, match=r"returned SGD, which does not communicate.*fused_optim\.distributed.*"
-                                            r"strategy='ddp'"):
+        with pytest.raises(TypeError, match=r"'decentralized' does not wrap the model .* SGD does not communicate.*"
+                                            r"fused_optim\.distributed.*strategy='ddp'"):
             trainer.strategy.setup_optimizers(trainer)

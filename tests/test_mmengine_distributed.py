@@ -127,3 +127,34 @@ def test_names_build_the_distributed_optimizers_in_one_process():
     with pytest.raises(ValueError, match=r"param groups .* are not supported"):
         build_optim_wrapper(model, dict(type="OptimWrapper", paramwise_cfg=dict(bias_lr_mult=2.0),
                                         optimizer=dict(type="mmengine_optim.CentralizedSGD", lr=0.1)))
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "mmengine_optim.FusedSGD", "mmengine_optim.CentralizedSGD"])
+def test_the_synced_model_wrapper_takes_only_optimizers_that_communicate(optimizer):
+    """OptimizerSyncedModel does no communication of its own, so with an optimizer that does not
+    communicate each rank would train its own model in silence: the first train_step refuses it,
+    naming the fix, before the module's step (the params are unchanged). In one process (the
+    check needs no process group), through mmengine's builders."""
+    from mmengine.model import BaseModel
+    from mmengine.optim import OptimWrapperDict
+
+    class Model(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 1)
+
+        def forward(self, x, mode="loss"):
+            return {"loss": self.linear(x).square().mean()}
+
+    wrapped = mmengine_optim.OptimizerSyncedModel(Model())
+    before = [p.detach().clone() for p in wrapped.parameters()]
+    wrapper = build_optim_wrapper(wrapped.module, dict(type="OptimWrapper", optimizer=dict(type=optimizer, lr=0.1)))
+    if optimizer.endswith("CentralizedSGD"):
+        wrapped.train_step(dict(x=torch.ones(4, 3)), wrapper)
+        assert not all(torch.equal(p, q) for p, q in zip(wrapped.parameters(), before))
+        return
+    for given in (wrapper, OptimWrapperDict(only=wrapper)):  # (a module with several optimizers)
+        with pytest.raises(TypeError, match=r"OptimizerSyncedModel does not wrap .* does not communicate.*"
+                                            r"fused_optim\.distributed.*leave out model_wrapper_cfg"):
+            wrapped.train_step(dict(x=torch.ones(4, 3)), given)
+        assert all(torch.equal(p, q) for p, q in zip(wrapped.parameters(), before))
