@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from torch.optim.optimizer import required
 
 from .optimizer import check_nonnegative
 from .sgd import MomentumOptimizer
@@ -34,7 +33,7 @@ class LARS(MomentumOptimizer):
 
     Args:
         params: iterable of params or param-group dicts.
-        lr: learning rate η (>= 0; required: here or in every param group).
+        lr: learning rate η (>= 0; None: each param group gives its own).
         momentum, dampening, weight_decay: μ, d, λ (>= 0).
         nesterov: Nesterov momentum (needs μ > 0 and d = 0).
         trust_coefficient: tc (>= 0). eps: added to the denominator (>= 0).
@@ -45,7 +44,7 @@ class LARS(MomentumOptimizer):
 
     op_name = "lars_"
 
-    def __init__(self, params, lr: float = required, momentum: float = 0.0, dampening: float = 0.0,
+    def __init__(self, params, lr: float | None = None, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.001,
                  eps: float = 1e-8, *, trust_clip: bool = False, always_adapt: bool = False,
                  set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None,

@@ -61,7 +61,6 @@ from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor
-from torch.optim.optimizer import required
 
 from . import _build, _ops, state_formats
 from .spec import OpSpec
@@ -94,9 +93,8 @@ def check_lr(lr: Any) -> None:
 
 
 def _lr_missing(group: dict) -> bool:
-    """Whether the group's lr is torch's ``required`` placeholder (by type: a copied or unpickled
-    optimizer's defaults hold a copy of it)."""
-    return isinstance(group.get("lr"), type(required))
+    """Whether the group has no lr (None: the constructor's lr left to the param groups)."""
+    return group.get("lr") is None
 
 
 def is_real(value: Any) -> bool:
@@ -319,7 +317,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self._plans: dict[int, _Plan] = {}
         self._warned: set[str] = set()
         self._checked: dict[int, list] = {}  # id(group) -> its hyperparameters at their last check
-        # torch's `required` lr (apex, quadra): the constructor may leave lr to every param group
+        # lr=None (apex's and quadra's torch `required`): the constructor leaves lr to every param group
         self._check_group({**defaults, "lr": 0.0} if _lr_missing(defaults) else defaults)
         super().__init__(params, defaults)
         self.state = _StateDict(self.state)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.optim.optimizer import required
 
 from .optimizer import FusedOptimizer, check_flag, check_lr, check_nonnegative, state_like
 
@@ -70,7 +69,7 @@ class FusedSGD(MomentumOptimizer):
 
     Args:
         params: iterable of params or param-group dicts.
-        lr: learning rate η (>= 0; required: here or in every param group).
+        lr: learning rate η (>= 0; None: each param group gives its own).
         momentum, dampening, weight_decay: μ, d, λ (>= 0).
         nesterov: Nesterov momentum (needs μ > 0 and d = 0).
         wd_after_momentum: add the weight decay after the momentum update (apex option).
@@ -87,7 +86,7 @@ class FusedSGD(MomentumOptimizer):
     op_name = "sgd_"
     extra_flags = ("materialize_master_grads",)
 
-    def __init__(self, params, lr: float = required, momentum: float = 0.0, dampening: float = 0.0,
+    def __init__(self, params, lr: float | None = None, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, wd_after_momentum: bool = False,
                  materialize_master_grads: bool = True, set_grad_none: bool = False, *,
                  maximize: bool = False, master_weights: bool | None = None, fused: bool | None = None,

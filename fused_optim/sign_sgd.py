@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from torch.optim.optimizer import required
 
 from .sgd import MomentumOptimizer
 
@@ -26,7 +25,7 @@ class SignSGD(MomentumOptimizer):
 
     Args:
         params: iterable of params or param-group dicts.
-        lr: learning rate η (>= 0; required: here or in every param group).
+        lr: learning rate η (>= 0; None: each param group gives its own).
         momentum, weight_decay, dampening: μ, λ, d (>= 0).
         nesterov: Nesterov momentum (needs μ > 0 and d = 0).
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
@@ -35,7 +34,7 @@ class SignSGD(MomentumOptimizer):
 
     op_name = "sign_sgd_"
 
-    def __init__(self, params, lr: float = required, momentum: float = 0.0, weight_decay: float = 0.0,
+    def __init__(self, params, lr: float | None = None, momentum: float = 0.0, weight_decay: float = 0.0,
                  dampening: float = 0.0, nesterov: bool = False, *, set_grad_none: bool = True,
                  master_weights: bool = False, fused: bool | None = None,
                  state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):

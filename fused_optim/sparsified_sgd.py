@@ -5,7 +5,6 @@ from __future__ import annotations
 import numbers
 
 import torch
-from torch.optim.optimizer import required
 
 from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range, state_like
 
@@ -45,7 +44,7 @@ class SparsifiedSGD(FusedOptimizer):
 
     Args:
         params: iterable of params or param-group dicts.
-        lr: η (>= 0; required: here or in every param group). weight_decay: λ (>= 0). sparse_grad_size: k (>= 1).
+        lr: η (>= 0; None: each param group gives its own). weight_decay: λ (>= 0). sparse_grad_size: k (>= 1).
         random_sparse: random coordinates instead of a random block.
         seed: seed of the private generator (None: a random seed).
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
@@ -55,7 +54,7 @@ class SparsifiedSGD(FusedOptimizer):
     op_name = "sparsified_sgd_"
     extra_flags = ("random_sparse",)
 
-    def __init__(self, params, lr: float = required, weight_decay: float = 0.0, sparse_grad_size: int = 10,
+    def __init__(self, params, lr: float | None = None, weight_decay: float = 0.0, sparse_grad_size: int = 10,
                  random_sparse: bool = False, *, seed: int | None = None, set_grad_none: bool = True,
                  master_weights: bool = False, fused: bool | None = None):
         self.generator = torch.Generator()

@@ -31,10 +31,11 @@ def test_bad_param_group_is_rejected_without_changing_the_optimizer():
     (fused_optim.SignSGD, {}), (fused_optim.SparsifiedSGD, dict(sparse_grad_size=2, seed=0)),
 ], ids=["FusedSGD", "LARS", "SignSGD", "SparsifiedSGD"])
 def test_lr_given_by_every_group_instead_of_the_constructor(cls, kwargs):
-    """apex's FusedSGD and quadra's LARS take torch's ``required`` lr: the constructor may omit it
-    when every param group has one (timm's create_optimizer_v2 builds them so when its lr is None),
-    and then steps as with it (the same kernel on the same numbers: bit for bit). A group without
-    lr is refused, naming lr, and leaves the optimizer as it was."""
+    """As apex's FusedSGD and quadra's LARS (torch's ``required`` lr), the constructor may omit lr
+    (None) when every param group has one (timm's create_optimizer_v2 builds them so when its lr is
+    None), and then steps as with it (the same kernel on the same numbers: bit for bit). A group
+    without lr is refused, naming lr, and leaves the optimizer as it was. (None rather than torch's
+    placeholder: LightningCLI's parser refuses the placeholder as a float default.)"""
     start, grad = torch.linspace(-1, 1, 8), torch.linspace(0.5, -0.25, 8)
     p, q = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
     by_group, by_constructor = cls([{"params": [p], "lr": 0.5}], **kwargs), cls([q], lr=0.5, **kwargs)
