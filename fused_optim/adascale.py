@@ -595,6 +595,12 @@ class AdaScale(GradientStatistics):
         self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
 
 
+def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer an AdaScale wraps (the one whose ``step`` applies the scaled lrs), or
+    ``optimizer`` itself."""
+    return optimizer._optimizer if isinstance(optimizer, AdaScale) else optimizer
+
+
 @dataclass(frozen=True)
 class _Window:
     """An ended accumulation window's sums, per group: the micro-batch ‖g‖² pooled over ranks

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 from .optimizer import check_nonnegative
 from .sgd import MomentumOptimizer
 

@@ -8,10 +8,11 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 
 from fused_optim import AdaScale
+from fused_optim.adascale import inner_optimizer
 from fused_optim.metrics import GAIN, LR, TAU
 
 from .lr_monitor import AppliedLrSeries
-from .wrapping import as_adascale, inner_optimizer
+from .wrapping import as_adascale
 
 # Step-interval schedulers the callback takes over get this interval: Lightning steps only
 # "step" and "epoch" schedulers, so from then on only the callback steps them (to ⌊τ⌋).

@@ -19,9 +19,3 @@ def as_adascale(optimizer: torch.optim.Optimizer, world_size: int, accumulate: i
             raise RuntimeError(f"{err}. In Lightning: Trainer(accumulate_grad_batches=4), or more devices") from None
     optimizer.set_window(world_size, accumulate)
     return optimizer
-
-
-def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """The optimizer an AdaScale wraps (the one whose ``step`` applies the scaled lrs), or
-    ``optimizer`` itself."""
-    return optimizer._optimizer if isinstance(optimizer, AdaScale) else optimizer

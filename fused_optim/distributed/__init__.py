@@ -1,7 +1,7 @@
 """Optimizers that communicate over torch.distributed (gloo on CPU, nccl on GPU): mlbench_core's
 centralized, sparsified, PowerSGD and decentralized optimizers. See docs/distributed.md."""
 
-from ..adascale import AdaScale
+from ..adascale import inner_optimizer
 from ..fp16_optimizer import FP16Optimizer
 from .centralized import CentralizedAdam, CentralizedSGD, CustomCentralizedOptimizer, GenericCentralizedOptimizer
 from .decentralized import DecentralizedSGD, ring, torus
@@ -10,14 +10,13 @@ from .sparsified import CentralizedSparsifiedSGD
 from .wrapper import CommunicatingOptimizer
 
 
-
 def check_communicates(optimizer, where: str, otherwise: str) -> None:
     """Raise ``TypeError`` unless ``optimizer``'s step communicates: an optimizer of this package
     (or an :class:`~fused_optim.AdaScale` around one), or an :class:`~fused_optim.FP16Optimizer`
     over several ranks. ``where`` (a strategy, a model wrapper) leaves the model without a
     DistributedDataParallel wrapper, so with any other optimizer each rank would train a model of
     its own and nothing would say so; ``otherwise`` is how that framework keeps such an optimizer."""
-    inner = optimizer._optimizer if isinstance(optimizer, AdaScale) else optimizer
+    inner = inner_optimizer(optimizer)
     if isinstance(inner, (CommunicatingOptimizer, CentralizedSparsifiedSGD)) or (
             isinstance(inner, FP16Optimizer) and inner.world_size > 1):
         return
