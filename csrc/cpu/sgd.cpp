@@ -53,8 +53,9 @@ struct SgdUpdate {
   }
 };
 
-// f(update) with the SgdUpdate of the params' types and the direction.
-template <typename F>
+// f(update) with the SgdUpdate of the params' types and the direction, one of Ds (the directions
+// the launch takes: each is compiled for every type and state format).
+template <SgdDirection... Ds, typename F>
 void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                  const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
   dispatch_update(params, [&](auto types) {
@@ -62,14 +63,12 @@ void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at
     using S = typename decltype(types)::state_t;
     dispatch_format<T>(a.compact, [&](auto format) {
       constexpr StateFormat Fmt = decltype(format)::value;
-      switch (a.direction) {
-        case SgdDirection::kPlain:
-          return f(SgdUpdate<T, S, SgdDirection::kPlain, Fmt>{params, grads, bufs, first_step, a});
-        case SgdDirection::kSign:
-          return f(SgdUpdate<T, S, SgdDirection::kSign, Fmt>{params, grads, bufs, first_step, a});
-        case SgdDirection::kClamp:
-          return f(SgdUpdate<T, S, SgdDirection::kClamp, Fmt>{params, grads, bufs, first_step, a});
-      }
+      const auto run = [&](auto direction) {
+        constexpr SgdDirection D = decltype(direction)::value;
+        f(SgdUpdate<T, S, D, Fmt>{params, grads, bufs, first_step, a});
+      };
+      const bool taken = ((a.direction == Ds && (run(std::integral_constant<SgdDirection, Ds>{}), true)) || ...);
+      TORCH_CHECK(taken, "fused_optim: an SGD-family launch got a direction it is not compiled for");
     });
   });
 }
@@ -94,15 +93,18 @@ SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, 
 void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                 const c10::List<bool>& first_step, const SgdFamily& args) {
   if (params.model.empty()) return;
-  with_update(params, grads, bufs, first_step, args,
-              [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
+  with_update<SgdDirection::kPlain, SgdDirection::kSign, SgdDirection::kClamp>(
+      params, grads, bufs, first_step, args,
+      [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
   advance_keys(args.compact);
 }
 
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
                             const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set) {
   if (params.model.empty()) return;
-  with_update(params, grads, bufs, first_step, args, [&](const auto& update) {
+  // LARS and ColossalAI's Lars: no sign direction (each direction is compiled for every type and format)
+  constexpr auto kPlain = SgdDirection::kPlain, kClamp = SgdDirection::kClamp;
+  with_update<kPlain, kClamp>(params, grads, bufs, first_step, args, [&](const auto& update) {
     using T = typename std::decay_t<decltype(update)>::grad_t;
     using S = typename std::decay_t<decltype(update)>::state_t;
     multi_tensor_two_pass<2>(

@@ -48,7 +48,8 @@ void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at:
 using SetNumbers = std::function<void(size_t t, double param_norm, double grad_norm)>;
 
 // The update after the norms: one two-pass launch (multi_tensor_two_pass) whose first pass sums
-// ||p||^2 and ||g||^2 per tensor; set() runs once per non-empty tensor, before its update.
+// ||p||^2 and ||g||^2 per tensor; set() runs once per non-empty tensor, before its update. The
+// direction is kPlain or kClamp (LARS, ColossalAI's Lars).
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads,
                             at::TensorList momentum_buffers, const c10::List<bool>& first_step, const SgdFamily& args,
                             const SetNumbers& set);
