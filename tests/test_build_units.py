@@ -8,7 +8,7 @@ import pytest
 
 from fused_optim import _build
 
-SOURCES = sorted(str(p) for p in (_build.CSRC / "cpu").glob("*.cpp"))
+SOURCES = _build.cpu_sources()
 
 
 def _units(monkeypatch, tmp_path: Path, cores: int) -> list[list[str]]:
