@@ -63,11 +63,8 @@ void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at
     using S = typename decltype(types)::state_t;
     dispatch_format<T>(a.compact, [&](auto format) {
       constexpr StateFormat Fmt = decltype(format)::value;
-      const auto run = [&](auto direction) {
-        constexpr SgdDirection D = decltype(direction)::value;
-        f(SgdUpdate<T, S, D, Fmt>{params, grads, bufs, first_step, a});
-      };
-      const bool taken = ((a.direction == Ds && (run(std::integral_constant<SgdDirection, Ds>{}), true)) || ...);
+      const bool taken =
+          ((a.direction == Ds && (f(SgdUpdate<T, S, Ds, Fmt>{params, grads, bufs, first_step, a}), true)) || ...);
       TORCH_CHECK(taken, "fused_optim: an SGD-family launch got a direction it is not compiled for");
     });
   });
