@@ -18,6 +18,8 @@ from processes import run_ranks
 
 HERE = Path(__file__).resolve().parent
 U = 2.0**-24  # fp32 unit roundoff
+# torch's CPU kernels fuse the multiply-adds of its vectorized loops (AVX2 and AVX-512 dispatch).
+TORCH_FUSES = torch.backends.cpu.get_cpu_capability() in {"AVX2", "AVX512"}
 
 _spec = importlib.util.spec_from_file_location("fp16_worker", HERE / "fp16_worker.py")
 worker = importlib.util.module_from_spec(_spec)
@@ -42,7 +44,9 @@ def test_replays_mlbench_fp16_optimizer(case):
     flat tensor. (torch's elementwise CPU loops take 2 vectors per iteration, 16 floats with AVX2 and
     32 with AVX-512, and the rest in scalar code: both vectorize elements [0, 32) and run [32, 39)
     scalar, and SGD's ops (mul, and adds with alpha as explicit fused multiply-adds) are correctly
-    rounded per lane, so AVX2 and AVX-512 machines give the same bits.)
+    rounded per lane, so AVX2 and AVX-512 machines give the same bits. torch's kernels for CPUs
+    without AVX2 round the product of an add with alpha before the add: there the recorded masters
+    are not torch's own bits, so those cases check everything but the values.)
 
     With clipping the two clip factors grad_clip / (N + 1e-6) differ in the last bits: N is a
     39-term fp32 sum of squares, summed in another order (mlbench: torch's norm of the fp32 grads;
@@ -71,8 +75,9 @@ def test_replays_mlbench_fp16_optimizer(case):
         assert torch.equal(params, masters.half()), f"step {t}: the fp16 params are the masters rounded"
         expected = case["masters"][t]
         if exact:
-            assert torch.equal(masters, expected), f"step {t}"
-            assert torch.equal(params, case["params"][t]), f"step {t}"
+            if TORCH_FUSES:
+                assert torch.equal(masters, expected), f"step {t}"
+                assert torch.equal(params, case["params"][t]), f"step {t}"
             continue
         path += (expected - previous).abs()
         mass += expected.abs()
