@@ -17,8 +17,8 @@ CUDA graph replay sees the tensor's current value (torch.optim's Tensor lr).
 The momentum ops' ``first_step`` has one flag per param (True: its momentum buffer is set to the grad,
 torch.optim's first step), or is empty when no param is on its first step.
 
-Each update op has an eager-only twin ``<name>bucket`` taking ``int bucket`` in place of the
-params, grads and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side
+Each update op, and each compact twin (``<name>compact_``, below), has an eager-only twin
+``<name>bucket`` taking ``int bucket`` in place of the params, grads and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side
 (one flat list cut into consecutive lists of the given lengths) until ``bucket_free``, and the
 twin reads each param's ``.grad`` itself, so a step passes no tensor list at all (the dispatcher
 converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
@@ -27,7 +27,7 @@ when it stepped and 1, changing nothing, when a registered param has no grad;
 and dtype (a twin then cannot fail on its grads). The twins mutate
 tensors their schema does not name and bump their version counters themselves: they are for plain
 eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from the op's
-declaration in :mod:`.specs` (``OpSpec.schemas``), and the C++ side generates every twin from its
+declaration in :mod:`.specs` (``OpSpec.schemas``, ``OpSpec.compact_schemas``), and the C++ side generates every twin from its
 list op's implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin
 code.
 
@@ -78,11 +78,12 @@ for _name, _variants in UPDATE_OPS.items():
     _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
     _lib.define(_name + "bucket" + _variants["bucket"])
-# The compact twins (bf16 / 8-bit state, stochastic rounding): list ops only, no bucket twin.
-COMPACT_OPS = {spec.compact_name: spec.compact_schema() for spec in SPECS.values() if spec.compact}
-for _name, _schema in COMPACT_OPS.items():
-    _lib.define(_name + _schema)
+# The compact twins (bf16 / 8-bit state, stochastic rounding), each with its bucket twin too.
+COMPACT_OPS = {spec.compact_name: spec.compact_schemas() for spec in SPECS.values() if spec.compact}
+for _name, _variants in COMPACT_OPS.items():
+    _lib.define(_name + _variants[""])
     torch.library.register_fake(f"fused_optim::{_name}", _fake, lib=_lib)
+    _lib.define(_name + "bucket" + _variants["bucket"])
 _lib.define("bucket_new(Tensor[] tensors, int[] lengths) -> int")
 _lib.define("l2norm" + L2NORM_SCHEMA)
 
@@ -112,7 +113,7 @@ for _name in ("powersgd_accumulate_", "powersgd_decompress_"):
 # The CUDA binding compiled for the CPU (csrc/emulation) registers its ops, the list ops and the
 # norms, for CPU tensors in a namespace of its own: the real CPU ops are never touched.
 EMULATED_CUDA = "fused_optim_emulated_cuda"
-EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in UPDATE_OPS.items()}, **COMPACT_OPS,
+EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in {**UPDATE_OPS, **COMPACT_OPS}.items()},
                      "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
 _emulated_lib: torch.library.Library | None = None
 _emulating = 0  # depth of routed_to_emulated_cuda() blocks

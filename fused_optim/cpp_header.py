@@ -62,7 +62,7 @@ def parameters(spec: OpSpec, schema: str | None = None) -> list[str]:
 
 def _declaration(spec: OpSpec, suffix: str, compact: bool = False) -> str:
     head = f"void {spec.compact_name if compact else spec.name}{suffix}("
-    params = parameters(spec, spec.compact_schema() if compact else None)
+    params = parameters(spec, spec.compact_schemas()[""] if compact else None)
     lines, line = [], head
     for i, param in enumerate(params):
         piece = param + (", " if i + 1 < len(params) else ");")

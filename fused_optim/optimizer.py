@@ -515,13 +515,14 @@ class FusedOptimizer(torch.optim.Optimizer):
         Under ``fused_optim.testing.emulated_cuda()`` this does what the twin does for CUDA params
         (read the grads, call the list op: ``run_on_device`` in csrc/cpu/bucket.h) with the emulated
         CUDA library's list op: the twin itself would run the CPU kernels on these CPU tensors."""
+        name, flags = (self.op_name, {}) if bucket.compact is None else (self._spec.compact_name, bucket.compact)
         if _ops.emulating_cuda():
             grads = [p.grad for p in bucket.params]
             if any(g is None for g in grads):
                 return False
-            _ops.op(self.op_name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
+            _ops.op(name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars, **flags)
             return True
-        return _ops.op(self.op_name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars) == 0
+        return _ops.op(name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars, **flags) == 0
 
     def _cached_plan(self, group: dict) -> _Plan | None:
         """The group's plan if its lists are still those of the group's params, layout and state."""
@@ -548,8 +549,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             self._forget(group, plan)
             raise
         plan.state_version = self.state.version
-        plan.direct = (len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
-                       and plan.buckets[0].compact is None)
+        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan

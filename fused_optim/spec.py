@@ -131,11 +131,12 @@ class OpSpec:
         """The compact twin's name: ``adam_`` -> ``adam_compact_``."""
         return f"{self.name}compact_"
 
-    def compact_schema(self) -> str:
-        """The compact twin's schema: the list op's, plus after the state lists ``absmaxes`` (the
-        fp32 scales of the 8-bit state lists, list-major: one per param for each 8-bit list) and
-        ``rounding_keys`` (one int64 counter per param, advanced by one per step; empty without
-        stochastic rounding), and the flags ``stochastic_state`` / ``stochastic_params``.
+    def compact_schemas(self) -> dict[str, str]:
+        """The compact twin's schema (key ``""``): the list op's, plus after the state lists
+        ``absmaxes`` (the fp32 scales of the 8-bit state lists, list-major: one per param for each
+        8-bit list) and ``rounding_keys`` (one int64 counter per param, advanced by one per step;
+        empty without stochastic rounding), and the flags ``stochastic_state`` /
+        ``stochastic_params``; and its bucket twin's (key ``"bucket"``), as :meth:`schemas`.
         See fused_optim/state_formats.py, csrc/cpu/compact_state.h and csrc/cuda/compact_state.cuh."""
         head, _, tail = self.schemas()[""].partition(", *, ")
         letter = chr(ord("b") + len(self.state))
@@ -143,7 +144,9 @@ class OpSpec:
         state, per_step = (head.split(", bool[]", 1) + [""])[:2]
         per_step = f", bool[]{per_step}" if per_step else ""
         flags = "bool stochastic_state=False, bool stochastic_params=False, "
-        return f"{state}{extra}{per_step}, *, {tail.replace('Tensor? lr_tensor', flags + 'Tensor? lr_tensor', 1)}"
+        keywords = tail.replace("Tensor? lr_tensor", flags + "Tensor? lr_tensor", 1).removesuffix(") -> ()")
+        return {"": f"{state}{extra}{per_step}, *, {keywords}) -> ()",
+                "bucket": f"(int bucket{per_step}, *, {keywords}) -> int"}
 
     def compact_lists(self) -> tuple[tuple[int, StateList], ...]:
         """(position, list) of the state lists a compact format may hold: the moments, not the

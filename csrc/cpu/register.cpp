@@ -43,6 +43,9 @@ TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
 #define FUSED_OPTIM_REGISTER_TWIN(name) impl_twin<&name##_cpu>(m, #name "_");
   FUSED_OPTIM_UPDATE_OPS(FUSED_OPTIM_REGISTER_TWIN)
 #undef FUSED_OPTIM_REGISTER_TWIN
+#define FUSED_OPTIM_REGISTER_COMPACT_TWIN(name) impl_twin<&name##_compact_cpu>(m, #name "_compact_");
+  FUSED_OPTIM_COMPACT_OPS(FUSED_OPTIM_REGISTER_COMPACT_TWIN)
+#undef FUSED_OPTIM_REGISTER_COMPACT_TWIN
 }
 
 }  // namespace fused_optim
