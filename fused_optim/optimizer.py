@@ -258,20 +258,90 @@ class _Plan:
     direct: bool = False  # one fused bucket holding every param of the group (see _step_direct)
 
 
-class _StateDict(defaultdict):
-    """``optimizer.state`` that counts assignments of a param's state dict, so cached lists notice
-    when one is replaced (Lightning's optimizer_to_device does that when it moves state)."""
+class _Changes:
+    """How many times an optimizer's state dicts changed (see _StateDict)."""
 
-    def __init__(self, items=()):
-        super().__init__(dict, items)
-        self.version = 0
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class _ParamState(dict):
+    """One param's state in ``optimizer.state``: a dict that counts every change of its entries
+    (a state tensor assigned, replaced or removed) in its optimizer's ``_Changes``. Copied and
+    pickled as a plain dict."""
+
+    __slots__ = ("_changes",)
+
+    def __init__(self, items=(), changes: _Changes | None = None):
+        super().__init__(items)
+        self._changes = _Changes() if changes is None else changes
 
     def __setitem__(self, key, value) -> None:
-        self.version += 1
+        self._changes.count += 1
         super().__setitem__(key, value)
 
     def __delitem__(self, key) -> None:
-        self.version += 1
+        self._changes.count += 1
+        super().__delitem__(key)
+
+    def __ior__(self, other):
+        self._changes.count += 1
+        return super().__ior__(other)
+
+    def clear(self) -> None:
+        self._changes.count += 1
+        super().clear()
+
+    def pop(self, *args):
+        self._changes.count += 1
+        return super().pop(*args)
+
+    def popitem(self):
+        self._changes.count += 1
+        return super().popitem()
+
+    def setdefault(self, key, default=None):
+        self._changes.count += 1
+        return super().setdefault(key, default)
+
+    def update(self, *args, **kwargs) -> None:
+        self._changes.count += 1
+        super().update(*args, **kwargs)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+class _StateDict(defaultdict):
+    """``optimizer.state`` that counts the changes of its state dicts (``version``): a param's
+    state dict assigned or removed (Lightning's optimizer_to_device replaces them when it moves
+    state), or an entry of one (``_ParamState``: every param's state dict is one), so that cached
+    lists notice when a state tensor is replaced."""
+
+    def __init__(self, items=()):
+        self._changes = _Changes()
+        super().__init__(self.new_param_state)
+        for key, value in dict(items).items():
+            self[key] = value
+
+    @property
+    def version(self) -> int:
+        return self._changes.count
+
+    def new_param_state(self) -> _ParamState:
+        """An empty state dict whose changes this one counts."""
+        return _ParamState(changes=self._changes)
+
+    def __setitem__(self, key, value) -> None:
+        self._changes.count += 1
+        if not (isinstance(value, _ParamState) and value._changes is self._changes):
+            value = _ParamState(value, self._changes)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key) -> None:
+        self._changes.count += 1
         super().__delitem__(key)
 
     def __reduce__(self):
@@ -366,6 +436,12 @@ class FusedOptimizer(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
+
+    def state_dict(self) -> dict:
+        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other)."""
+        state_dict = super().state_dict()
+        state_dict["state"] = {key: dict(value) for key, value in state_dict["state"].items()}
+        return state_dict
 
     def __setstate__(self, state: dict) -> None:
         for param_state in state.get("state", {}).values():
@@ -577,7 +653,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             state = self.state.get(p)  # not self.state[p]: dynamo cannot trace our __missing__
             new = state is None
             if new:
-                state = {}
+                state = self.state.new_param_state()
             before = dict(state)
             self._make_master(p, state, group, gi, i)
             self._init_state(p, state, group)

@@ -87,6 +87,7 @@ def test_state_dict_holds_only_tensors_and_python_scalars():
     assert sd["state"][0]["step"].dtype == torch.float32 and sd["state"][0]["step"].item() == 1.0
     assert sd["param_groups"][0]["decoupled_weight_decay"] is True
     assert roundtrip(sd)["state"][0]["step"].item() == 1.0
+    assert all(type(st) is dict for st in sd["state"].values())  # no class of ours in a checkpoint
 
 
 @pytest.mark.parametrize("clone", [copy.deepcopy, lambda o: pickle.loads(pickle.dumps(o))], ids=["deepcopy", "pickle"])
@@ -115,3 +116,29 @@ def test_replacing_a_params_state_dict_is_noticed(case):
             for p in list(a.state):
                 a.state[p] = {k: v.clone() for k, v in a.state[p].items()}
         assert_state_close(a, b, 1e-6, f"{case.id} step {step}")
+
+
+@pytest.mark.parametrize("copy_first", [False, True], ids=["original", "deepcopy"])
+@pytest.mark.parametrize("case", STATEFUL_CASES, ids=ids(STATEFUL_CASES))
+def test_replacing_a_state_tensor_is_noticed(case, copy_first):
+    """A state tensor assigned anew (``opt.state[p]["exp_avg"] = t``, as torch.optim allows: it
+    reads the state every step) is the one the next steps update, in a copy of the optimizer too;
+    the replaced tensor is left alone."""
+    ga, gb = twin_groups(case)
+    a, b = case.make_ours(ga, fused=True), case.make_torch(gb)
+    replaced = []
+    for step in range(6):
+        set_grads(ga, gb, step)
+        a.step()
+        b.step()
+        if step == 1 and copy_first:
+            a = copy.deepcopy(a)
+            ga = a.param_groups
+        if step == 2:
+            for p in list(a.state):
+                for key, value in list(a.state[p].items()):
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        replaced.append((value, value.clone()))
+                        a.state[p][key] = value.clone()
+        assert_state_close(a, b, 1e-6, f"{case.id} step {step}")
+    assert replaced and all(torch.equal(old, snapshot) for old, snapshot in replaced)

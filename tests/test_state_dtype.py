@@ -304,6 +304,28 @@ def test_an_eager_step_with_compact_state_calls_the_bucket_twin(state_dtype, mon
     assert opt.implementation == "fused"
 
 
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, "8bit"], ids=["bf16", "8bit"])
+def test_a_replaced_compact_state_tensor_is_the_one_updated(state_dtype):
+    """Compact state assigned anew (codes, or an absmax) is what the next step reads and updates,
+    as in a twin optimizer whose state was never replaced: bit for bit."""
+    a_params = [torch.nn.Parameter(torch.randn(n)) for n in (3, 700)]
+    b_params = [torch.nn.Parameter(p.detach().clone()) for p in a_params]
+    a, b = (fused_optim.AdamW(ps, lr=1e-2, state_dtype=state_dtype, fused=True) for ps in (a_params, b_params))
+    for step in range(4):
+        for p, q in zip(a_params, b_params):
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(step))
+            q.grad = p.grad.clone()
+        a.step()
+        b.step()
+        if step == 1:
+            for p in a_params:
+                for key in [k for k, v in a.state[p].items() if isinstance(v, torch.Tensor) and k != "step"]:
+                    a.state[p][key] = a.state[p][key].clone()
+    for p, q in zip(a_params, b_params):
+        assert torch.equal(p, q)
+        assert all(torch.equal(v, b.state[q][k]) for k, v in a.state[p].items())
+
+
 # The CPU kernels encode and decode whole SIMD vectors (csrc/shared/state_codes.h's templates on the
 # lanes of csrc/cpu/state_code_lanes.h) and encode each chunk's tail element by element (the same
 # templates on floats): 3 full blocks and one of 45 elements cover both on AVX-512 (16 lanes) and
