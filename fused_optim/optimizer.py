@@ -251,11 +251,75 @@ class _Created:
 @dataclass
 class _Plan:
     key: tuple  # what the lists are built for (FusedOptimizer._plan_key)
+    params: list  # the group's params list, held: its id in the key cannot be reused
     has_grad: list[bool]  # which params had a grad when the plan was built
     buckets: list[_Bucket]
     created: list[_Created] = field(default_factory=list)  # state made for this step (undone if it fails)
     state_version: int = -1
     direct: bool = False  # one fused bucket holding every param of the group (see _step_direct)
+
+
+class _ParamList(list):
+    """A param group's ``params``: a list that counts its changes (``changes``), so that cached
+    lists notice a param added, removed or replaced in place (torch.optim reads the list every
+    step). Copied and pickled as a plain list."""
+
+    __slots__ = ("changes",)
+
+    def __init__(self, items=()):
+        super().__init__(items)
+        self.changes = 0
+
+    def __setitem__(self, index, value) -> None:
+        self.changes += 1
+        super().__setitem__(index, value)
+
+    def __delitem__(self, index) -> None:
+        self.changes += 1
+        super().__delitem__(index)
+
+    def __iadd__(self, other):
+        self.changes += 1
+        return super().__iadd__(other)
+
+    def __imul__(self, n):
+        self.changes += 1
+        return super().__imul__(n)
+
+    def append(self, value) -> None:
+        self.changes += 1
+        super().append(value)
+
+    def extend(self, values) -> None:
+        self.changes += 1
+        super().extend(values)
+
+    def insert(self, index, value) -> None:
+        self.changes += 1
+        super().insert(index, value)
+
+    def pop(self, *args):
+        self.changes += 1
+        return super().pop(*args)
+
+    def remove(self, value) -> None:
+        self.changes += 1
+        super().remove(value)
+
+    def clear(self) -> None:
+        self.changes += 1
+        super().clear()
+
+    def sort(self, *args, **kwargs) -> None:
+        self.changes += 1
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self.changes += 1
+        super().reverse()
+
+    def __reduce__(self):
+        return list, (list(self),)
 
 
 class _Changes:
@@ -426,6 +490,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if "state_dtype" in param_group:  # as the check normalized it: torch.bfloat16 and "bf16" are "bfloat16"
             param_group["state_dtype"] = merged["state_dtype"]
         super().add_param_group(param_group)
+        self.param_groups[-1]["params"] = _ParamList(self.param_groups[-1]["params"])
         complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
         if complex_params:
             self.param_groups.pop()
@@ -608,17 +673,20 @@ class FusedOptimizer(torch.optim.Optimizer):
         return plan if plan.key == self._plan_key(group) else None
 
     def _plan_key(self, group: dict) -> tuple:
-        """What a plan's lists are built for: the group's params list, master weights, compact
-        state options and layout."""
+        """What a plan's lists are built for: the group's params list and its changes, master
+        weights, compact state options and layout."""
+        params = group["params"]
+        if type(params) is not _ParamList:  # a list assigned to the group: counted from now on
+            params = group["params"] = _ParamList(params)
         compact = tuple(group.get(k, default) for k, default in state_formats.OPTIONS.items())
-        return id(group["params"]), bool(group.get("master_weights")), compact, self._layout(group)
+        return id(params), params.changes, bool(group.get("master_weights")), compact, self._layout(group)
 
     def _plan(self, gi: int, group: dict, grads: list) -> _Plan:
         has_grad = [g is not None for g in grads]
         plan = self._cached_plan(group)
         if plan is not None and plan.has_grad == has_grad:
             return plan
-        plan = _Plan(self._plan_key(group), has_grad, [])
+        plan = _Plan(self._plan_key(group), group["params"], has_grad, [])
         try:
             self._fill_plan(plan, gi, group, grads)
         except BaseException:

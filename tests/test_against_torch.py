@@ -97,3 +97,35 @@ def test_grads_that_come_and_go_match_torch(case):
         ours.step()
         theirs.step()
         assert_state_close(ours, theirs, 1e-6, f"{case.id} step {step}")
+
+
+@pytest.mark.parametrize("change", ["append", "replace", "remove", "assign"])
+@pytest.mark.parametrize("case", STATEFUL_AND_LAYERWISE[:4], ids=ids(STATEFUL_AND_LAYERWISE[:4]))
+def test_a_group_s_params_changed_in_place_match_torch(case, change):
+    """torch.optim reads ``group["params"]`` every step: a param appended, replaced, removed, or
+    a new list assigned, takes effect at the next step. The cached plans must follow (they used
+    to keep updating the old list: an appended param never moved)."""
+    gen = torch.Generator().manual_seed(7)
+    base = [torch.randn(n, generator=gen) for n in (3, 4097, 40, 17)]
+    ours_p = [torch.nn.Parameter(t.clone()) for t in base]
+    theirs_p = [torch.nn.Parameter(t.clone()) for t in base]
+    ours, theirs = case.make_ours(ours_p[:3], fused=True), case.make_torch(theirs_p[:3])
+    for step in range(6):
+        if step == 3:
+            for opt, ps in ((ours, ours_p), (theirs, theirs_p)):
+                group = opt.param_groups[0]
+                if change == "append":
+                    group["params"].append(ps[3])
+                elif change == "replace":
+                    group["params"][1] = ps[3]
+                elif change == "remove":
+                    group["params"].remove(ps[0])
+                else:
+                    group["params"] = [ps[3], ps[2]]
+        for a, b in zip(ours_p, theirs_p):
+            a.grad = torch.randn(a.shape, generator=gen)
+            b.grad = a.grad.clone()
+        ours.step()
+        theirs.step()
+        for a, b in zip(ours_p, theirs_p):
+            assert_rel_close(a.detach(), b.detach(), 1e-6, f"{case.id} {change} step {step}")
