@@ -18,18 +18,18 @@ The momentum ops' ``first_step`` has one flag per param (True: its momentum buff
 torch.optim's first step), or is empty when no param is on its first step.
 
 Each update op, and each compact twin (``<name>compact_``, below), has an eager-only twin
-``<name>bucket`` taking ``int bucket`` in place of the params, grads and state lists: ``bucket_new(tensors, lengths)`` keeps those lists on the C++ side
-(one flat list cut into consecutive lists of the given lengths) until ``bucket_free``, and the
-twin reads each param's ``.grad`` itself, so a step passes no tensor list at all (the dispatcher
-converts every Python tensor list on every call, ~85 ns per tensor per list). A twin returns 0
-when it stepped and 1, changing nothing, when a registered param has no grad;
-``bucket_grads_match(bucket)`` says whether every registered param has a dense grad of its shape
-and dtype (a twin then cannot fail on its grads). The twins mutate
-tensors their schema does not name and bump their version counters themselves: they are for plain
-eager steps, never traced; ``torch.compile`` uses the list ops. Both schemas come from the op's
-declaration in :mod:`.specs` (``OpSpec.schemas``, ``OpSpec.compact_schemas``), and the C++ side generates every twin from its
-list op's implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin
-code.
+``<name>bucket`` taking ``int bucket`` in place of the params, grads and state lists:
+``bucket_new(tensors, lengths)`` keeps those lists on the C++ side (one flat list cut into
+consecutive lists of the given lengths) until ``bucket_free``, and the twin reads each param's
+``.grad`` itself, so a step passes no tensor list at all (the dispatcher converts every Python
+tensor list on every call, ~85 ns per tensor per list). A twin returns 0 when it stepped and 1,
+changing nothing, when a registered param has no grad; ``bucket_grads_match(bucket)`` says whether
+every registered param has a dense grad of its shape and dtype (a twin then cannot fail on its
+grads). The twins mutate tensors their schema does not name and bump their version counters
+themselves: they are for plain eager steps, never traced; ``torch.compile`` uses the list ops.
+Both schemas come from the op's declaration in :mod:`.specs` (``OpSpec.schemas``,
+``OpSpec.compact_schemas``), and the C++ side generates every twin from its list op's
+implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin code.
 
 ``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
 ``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor

@@ -259,6 +259,8 @@ class _Plan:
     direct: bool = False  # one fused bucket holding every param of the group (see _step_direct)
 
 
+# _ParamList and _ParamState spell out each mutator with super(): dynamo traces those calls (a
+# compiled step makes state), not the builtin's methods taken from the class by a decorator.
 class _ParamList(list):
     """A param group's ``params``: a list that counts its changes (``changes``), so that cached
     lists notice a param added, removed or replaced in place (torch.optim reads the list every
