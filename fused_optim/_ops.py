@@ -113,7 +113,7 @@ for _name in ("powersgd_accumulate_", "powersgd_decompress_"):
 # The CUDA binding compiled for the CPU (csrc/emulation) registers its ops, the list ops and the
 # norms, for CPU tensors in a namespace of its own: the real CPU ops are never touched.
 EMULATED_CUDA = "fused_optim_emulated_cuda"
-EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in {**UPDATE_OPS, **COMPACT_OPS}.items()},
+EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in (UPDATE_OPS | COMPACT_OPS).items()},
                      "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
 _emulated_lib: torch.library.Library | None = None
 _emulating = 0  # depth of routed_to_emulated_cuda() blocks

@@ -492,6 +492,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         if "state_dtype" in param_group:  # as the check normalized it: torch.bfloat16 and "bf16" are "bfloat16"
             param_group["state_dtype"] = merged["state_dtype"]
         super().add_param_group(param_group)
+        # counted from the start (_plan_key also wraps a list assigned later; a compiled step only reads it)
         self.param_groups[-1]["params"] = _ParamList(self.param_groups[-1]["params"])
         complex_params = [p for p in self.param_groups[-1]["params"] if p.is_complex()]
         if complex_params:

@@ -110,6 +110,24 @@ def test_compiled_step_with_fullgraph_matches_eager(cls, kw):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+def step_bucket_twin(twin, lists, grads, per_step, kwargs) -> tuple[int, list[int]]:
+    """One call of bucket twin ``twin`` over ``lists`` (params first) registered as a bucket: it
+    must change nothing while the params have no .grad, then step with ``grads``. Returns the
+    (freed) bucket's id and the tensors' versions before."""
+    tensors = [t for lst in lists for t in lst]
+    bucket = torch.ops.fused_optim.bucket_new(tensors, [len(lst) for lst in lists])
+    versions = [t._version for t in tensors]
+    try:
+        assert twin(bucket, *per_step, **kwargs) == 1  # no .grad yet: nothing changes
+        assert [t._version for t in tensors] == versions
+        for p, g in zip(lists[0], grads):
+            p.grad = g
+        assert twin(bucket, *per_step, **kwargs) == 0
+    finally:
+        torch.ops.fused_optim.bucket_free(bucket)
+    return bucket, versions
+
+
 @pytest.mark.parametrize("op", list(SCALARS))
 def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
     """The eager fast path: lists registered once, grads read from the params' .grad."""
@@ -119,16 +137,7 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
     state, per_step = state_and_per_step(op, rest)
     lists = [params, *state]
     twin = getattr(torch.ops.fused_optim, op + "bucket")
-    bucket = torch.ops.fused_optim.bucket_new([t for lst in lists for t in lst], [len(lst) for lst in lists])
-    versions = [t._version for lst in lists for t in lst]
-    try:
-        assert twin(bucket, *per_step, **kwargs) == 1  # no .grad yet: nothing changes
-        assert [t._version for lst in lists for t in lst] == versions
-        for p, g in zip(params, grads):
-            p.grad = g
-        assert twin(bucket, *per_step, **kwargs) == 0
-    finally:
-        torch.ops.fused_optim.bucket_free(bucket)
+    bucket, versions = step_bucket_twin(twin, lists, grads, per_step, kwargs)
     getattr(torch.ops.fused_optim, op)(*args, **same_draws(kwargs))
     for a, b in zip(args, twin_args):
         for x, y in zip(a, b):

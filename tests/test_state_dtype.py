@@ -14,6 +14,7 @@ import torch
 import fused_optim
 from fused_optim import state_formats as sf
 from fused_optim.specs import SPECS
+from test_ops import step_bucket_twin
 
 SIZES = (1, 255, 256, 257, 4097, 70000)  # block edges, a SIMD tail, and a tensor split between threads
 
@@ -267,22 +268,12 @@ def test_the_compact_bucket_twin_is_the_compact_list_op(op, fmt, param_dtype, sr
     _call(op, True, ref, **flags)
     (params, grads, *rest), scalars = _args(op, _clone(list(inputs)))
     lists, per_step = [params, *rest[:len(rest) - len(spec.per_step)]], rest[len(rest) - len(spec.per_step):]
-    tensors = [t for lst in lists for t in lst]
     twin = getattr(torch.ops.fused_optim, spec.compact_name + "bucket")
-    bucket = torch.ops.fused_optim.bucket_new(tensors, [len(lst) for lst in lists])
-    versions = [t._version for t in tensors]
-    try:
-        assert twin(bucket, *per_step, **scalars, **flags) == 1  # no .grad yet
-        assert [t._version for t in tensors] == versions
-        for p, g in zip(params, grads):
-            p.grad = g
-        assert twin(bucket, *per_step, **scalars, **flags) == 0
-    finally:
-        torch.ops.fused_optim.bucket_free(bucket)
+    _, versions = step_bucket_twin(twin, lists, grads, per_step, {**scalars, **flags})
     (ref_args, _) = _args(op, ref)
     ref_lists = [ref_args[0], *ref_args[2:len(ref_args) - len(spec.per_step)]]
     assert all(torch.equal(a, b) for lst, ref_lst in zip(lists, ref_lists) for a, b in zip(lst, ref_lst))
-    assert [t._version for t in tensors] == [v + 1 for v in versions]
+    assert [t._version for lst in lists for t in lst] == [v + 1 for v in versions]
 
 
 @pytest.mark.parametrize("state_dtype", [torch.bfloat16, "8bit"], ids=["bf16", "8bit"])
