@@ -1,4 +1,4 @@
-# The two commands of this repo: `make test` and `make demo`. Each creates .venv if missing,
+# The two commands of this repo: `make test` and `make demo` (and `make bench`). Each creates .venv if missing,
 # installs torch 2.13.0 first (the local CPU wheel; a bare `torch` would pull CUDA packages), then
 # this package non-editable with all extras, then runs. `make check-cuda-build` (below) checks the
 # CUDA library's build in a second venv.
@@ -8,8 +8,9 @@ PIP_INSTALL := -m pip install --quiet --disable-pip-version-check
 PIP := $(PY) $(PIP_INSTALL)
 
 DEMO_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: test demo install check-cuda-build
+.PHONY: test demo bench install check-cuda-build
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -27,12 +28,18 @@ test: install
 	$(VENV)/bin/fused-optim build
 	$(VENV)/bin/pytest -q --durations=15
 
-# `make demo DEMO_ARGS="--quick --framework mmengine"` passes options to `fused-optim demo`.
-# The build first (a no-op when the cache holds a build of the same sources): the demo's wall times
-# then show training only.
+# `make demo DEMO_ARGS="--quick --framework mmengine"` passes options to `python -m examples.demo`;
+# `make bench BENCH_ARGS="--quick"` to `python -m benchmarks`. Both live in this repository, not in
+# the package: run from here, they import the checkout's examples/ and benchmarks/ (and its
+# fused_optim). The build first (a no-op when the cache holds a build of the same sources): the
+# wall times then show training (or stepping) only.
 demo: install
 	$(VENV)/bin/fused-optim build
-	$(VENV)/bin/fused-optim demo $(DEMO_ARGS)
+	$(PY) -m examples.demo $(DEMO_ARGS)
+
+bench: install
+	$(VENV)/bin/fused-optim build
+	$(PY) -m benchmarks $(BENCH_ARGS)
 
 # `make check-cuda-build`: the CUDA library built, linked and loaded exactly as the first fused CUDA
 # step builds it, on a machine without a GPU (docs/design.md, "CUDA build check"). Its own venv

@@ -6,7 +6,7 @@ _base_ = [
     '_base_/wrappers/fused.py',
 ]
 # The digits dataset, model and metric are the examples': registered by importing their module.
-custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 optim_wrapper = dict(optimizer=dict(type='mmengine_optim.AdamW', lr=3e-3, weight_decay=1e-2, state_dtype='8bit'))
 param_scheduler = [dict(type='CosineAnnealingLR', by_epoch=False, begin=0, end=300)]
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=300, val_interval=100)

@@ -4,7 +4,7 @@
 _base_ = [
     '_base_/default_runtime.py', '_base_/datasets/digits.py', '_base_/models/digits_cnn.py',
 ]
-custom_imports = dict(imports=['mmengine_optim', 'fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['mmengine_optim', 'examples.mmengine_digits'], allow_failed_imports=False)
 optim_wrapper = dict(type='AdaScaleOptimWrapper', accumulative_counts=2,
                      optimizer=dict(type='adamw', lr=3e-3, weight_decay=1e-2),
                      paramwise_cfg=dict(bias_decay_mult=0.0))

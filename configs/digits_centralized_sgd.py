@@ -3,7 +3,7 @@
 # Any distributed optimizer fits here, e.g. optimizer=dict(type='mmengine_optim.PowerSGD', lr=0.1, rank=2)
 # or dict(type='mmengine_optim.DecentralizedSGD', lr=0.1, neighbors='ring').
 _base_ = ['_base_/default_runtime.py', '_base_/datasets/digits.py', '_base_/models/digits_cnn.py']
-custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 model_wrapper_cfg = dict(type='mmengine_optim.OptimizerSyncedModel')
 # every rank's params and optimizer state in the checkpoints (PowerSGD's error memories differ per rank)
 custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'),

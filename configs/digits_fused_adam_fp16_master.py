@@ -7,7 +7,7 @@ _base_ = [
     '_base_/wrappers/fused.py',
 ]
 # The digits dataset, model and metric are the examples': registered by importing their module.
-custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 model = dict(dtype='float16')
 optim_wrapper = dict(optimizer=dict(type='mmengine_optim.FusedAdam', lr=3e-3, weight_decay=1e-2, master_weights=True),
                      loss_scale='dynamic')

@@ -6,7 +6,7 @@ _base_ = [
     '_base_/optimizers/fused_lamb.py', '_base_/wrappers/fused.py',
 ]
 # The digits dataset, model and metric are the examples': registered by importing their module.
-custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 optim_wrapper = dict(optimizer={{_base_.optimizer}}, loss_scale='dynamic', dtype='float16',
                      clip_grad=dict(max_norm=5.0))
 param_scheduler = [

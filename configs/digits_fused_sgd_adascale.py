@@ -7,7 +7,7 @@ _base_ = [
     '_base_/optimizers/fused_sgd.py', '_base_/wrappers/adascale.py',
 ]
 # The digits dataset, model and metric are the examples': registered by importing their module.
-custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 optim_wrapper = dict(optimizer={{_base_.optimizer}})
 param_scheduler = [dict(type='MultiStepLR', by_epoch=False, milestones=[200, 300], gamma=0.1)]
 default_hooks = dict(param_scheduler=dict(max_scale_invariant_iters=400),

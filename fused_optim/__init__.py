@@ -10,7 +10,7 @@ The update rules are in docs/algorithms.md; the ``fused`` flag and the environme
 
 from . import _ops  # noqa: F401  (defines the op schemas)
 from . import testing  # noqa: F401  (fused_optim.testing.emulated_cuda)
-from ._build import build_error, is_available
+from ._build import build_error, cpu_description, is_available
 from .adam import FusedAdam
 from .adascale import AdaScale
 from .noise_scale import NoiseScale
@@ -48,6 +48,7 @@ __all__ = [
     "SignSGD",
     "SparsifiedSGD",
     "build_error",
+    "cpu_description",
     "create_optimizer",
     "is_available",
     "list_optimizers",

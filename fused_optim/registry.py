@@ -10,18 +10,20 @@ The distributed optimizers (:mod:`fused_optim.distributed`) are entries of a sec
 (``list_distributed_optimizers``; ``create_optimizer`` and ``get_spec`` find both): they
 communicate over ``torch.distributed`` and wrap an inner optimizer, so they stay out of
 ``list_optimizers``, the single-process kernels' list. Their constructors take the params first
-(:mod:`fused_optim.distributed.by_params`).
+(:mod:`fused_optim.distributed.by_params`). They are named by ``"module:attribute"`` strings,
+imported on first use (as timm's registry does): the distributed package uses this registry for
+its inner optimizers, so the registry does not import it.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 
 import torch
 
 from .adam import FusedAdam
 from .colossal_adam import CPUAdam, HybridAdam
-from .distributed import CentralizedSparsifiedSGD, PowerSGD, by_params
 from .lamb import ColossalLamb, FusedLAMB
 from .lars import LARS, ColossalLars
 from .sgd import FusedSGD
@@ -32,10 +34,20 @@ from .torch_optim import SGD, Adam, AdamW
 
 @dataclass(frozen=True)
 class OptimizerSpec:
+    """A named optimizer: ``target`` is its class (or params-first constructor), or a
+    ``"module:attribute"`` string naming it, imported when :attr:`cls` is first read."""
+
     name: str
-    cls: type[torch.optim.Optimizer]
+    target: type[torch.optim.Optimizer] | str
     defaults: dict = field(default_factory=dict)
     description: str = ""
+
+    @property
+    def cls(self) -> type[torch.optim.Optimizer]:
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
 _REGISTRY: dict[str, OptimizerSpec] = {}
@@ -99,16 +111,17 @@ for _spec in (
     register(_spec)
 
 for _spec in (
-    OptimizerSpec("centralized_sgd", by_params.CentralizedSGD, {},
+    OptimizerSpec("centralized_sgd", "fused_optim.distributed.by_params:CentralizedSGD", {},
                   "mlbench CentralizedSGD: grads all-reduced (flat buckets; overlap=True: during the backward), SGD"),
-    OptimizerSpec("centralized_adam", by_params.CentralizedAdam, {},
+    OptimizerSpec("centralized_adam", "fused_optim.distributed.by_params:CentralizedAdam", {},
                   "mlbench CentralizedAdam: grads all-reduced, Adam"),
-    OptimizerSpec("custom_centralized", by_params.CustomCentralizedOptimizer, {},
+    OptimizerSpec("custom_centralized", "fused_optim.distributed.by_params:CustomCentralizedOptimizer", {},
                   "mlbench CustomCentralizedOptimizer: grads all-reduced, any inner optimizer (optimizer=name)"),
-    OptimizerSpec("powersgd", PowerSGD, {}, "mlbench PowerSGD: rank-r compressed grads with error feedback, SGD"),
-    OptimizerSpec("decentralized_sgd", by_params.DecentralizedSGD, {},
+    OptimizerSpec("powersgd", "fused_optim.distributed:PowerSGD", {},
+                  "mlbench PowerSGD: rank-r compressed grads with error feedback, SGD"),
+    OptimizerSpec("decentralized_sgd", "fused_optim.distributed.by_params:DecentralizedSGD", {},
                   "mlbench DecentralizedSGD: SGD, then gossip averaging with neighbours (ring by default)"),
-    OptimizerSpec("centralized_sparsified_sgd", CentralizedSparsifiedSGD, {},
+    OptimizerSpec("centralized_sparsified_sgd", "fused_optim.distributed:CentralizedSparsifiedSGD", {},
                   "mlbench CentralizedSparsifiedSGD: k coordinates per param all-gathered, error feedback"),
 ):
     register(_spec, distributed=True)

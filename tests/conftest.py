@@ -1,5 +1,7 @@
+import importlib.util
 import os
 import random
+import sys
 import zlib
 from pathlib import Path
 
@@ -12,9 +14,27 @@ from fused_optim import _build
 # Child processes (DDP ranks, the CLI, workers) import the fused_optim under test, not whichever
 # copy their working directory holds (the repo, when the tests run against the installed package):
 # no cwd or script directory on their sys.path (Python >= 3.11), this package's root first on it.
+# The repository's examples/ and benchmarks/ (not in the package) are found after it: last.
+REPO = Path(__file__).resolve().parents[1]
 os.environ["PYTHONSAFEPATH"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(Path(fused_optim.__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])
+    [str(Path(fused_optim.__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")]), str(REPO)])
+
+
+def _import_from_repository(name: str) -> None:
+    """Import the repository's top-level package ``name`` by path: the fused_optim under test
+    stays the one imported above (the repository's root is not put first on sys.path), and a
+    package of the same name elsewhere on sys.path (fairscale's wheel ships a ``benchmarks``)
+    does not shadow it."""
+    spec = importlib.util.spec_from_file_location(name, REPO / name / "__init__.py",
+                                                  submodule_search_locations=[str(REPO / name)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
+for _package in ("examples", "benchmarks"):
+    _import_from_repository(_package)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,4 @@
-"""The GPU benchmark (`fused-optim bench --device cuda`): its lists, memory plan, tables and CLI
+"""The GPU benchmark (`make bench BENCH_ARGS="--device cuda"`): its lists, memory plan, tables and CLI
 checks run anywhere; one test runs it for real and needs a CUDA GPU."""
 
 import json
@@ -8,9 +8,9 @@ import time
 import pytest
 import torch
 
-from fused_optim.bench import cuda as bc
-from fused_optim.bench.optimizers import Row, timm_optimizers
-from fused_optim.cli import main
+from benchmarks import cuda as bc
+from benchmarks.common import Row, timm_optimizers
+from benchmarks.__main__ import main
 
 GB = 10**9
 
@@ -98,14 +98,14 @@ def test_bench_case_interleaves_all_variants_when_they_fit(cpu_as_cuda):
 @pytest.mark.parametrize("free", [10**9, (80_000 + 100_000) / bc.MEMORY_MARGIN])
 def test_bench_case_runs_one_at_a_time_and_records_out_of_memory(free, cpu_as_cuda, monkeypatch):
     cpu_as_cuda["bytes"] = free
-    real = bc._variants
+    real = bc.variants
 
     def variants(opt):
         out = real(opt)
         out["torch foreach"] = lambda ps: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("CUDA out of memory."))
         return out
 
-    monkeypatch.setattr(bc, "_variants", variants)
+    monkeypatch.setattr(bc, "variants", variants)
     rows, record = bc.bench_case("sgd", torch.float32, "tiny", repeats=2)
     assert record["one_at_a_time"] and record["skipped"] == {"torch foreach": "out of memory (CUDA out of memory.)"}
     assert [(r.variant, r.peer) for r in rows] == [("fused_optim", "torch fused"), ("torch fused", "torch fused")]
@@ -158,7 +158,7 @@ def test_markdown_tables_and_targets():
 
 def test_run_without_gpu_raises_before_anything(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match=r"^fused-optim bench --device cuda needs a CUDA GPU: "
+    with pytest.raises(RuntimeError, match=r"^python -m benchmarks --device cuda needs a CUDA GPU: "
                                            r"torch.cuda.is_available\(\) is False$"):
         bc.run(tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -166,8 +166,8 @@ def test_run_without_gpu_raises_before_anything(monkeypatch, tmp_path):
 
 def test_cli_without_gpu(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert main(["bench", "--device", "cuda", "--quick", "--out", str(tmp_path / "out")]) == 1
-    assert capsys.readouterr().err == f"fused-optim bench: error: {bc.NO_GPU}\n"
+    assert main(["--device", "cuda", "--quick", "--out", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == f"python -m benchmarks: error: {bc.NO_GPU}\n"
     assert not (tmp_path / "out").exists()
 
 
@@ -176,14 +176,14 @@ def test_cli_without_gpu(monkeypatch, tmp_path, capsys):
     ("cpu", ["1B"], "--lists 1B is not a list for --device cpu (choose from 1M, 25M, 100M)"),
 ])
 def test_cli_rejects_a_list_of_the_other_device(device, lists, message, tmp_path, capsys):
-    assert main(["bench", "--device", device, "--lists", *lists, "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"fused-optim bench: error: {message}\n"
+    assert main(["--device", device, "--lists", *lists, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"python -m benchmarks: error: {message}\n"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_cli_rejects_an_unknown_device(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["bench", "--device", "gpu"])
+        main(["--device", "gpu"])
     assert exit_.value.code == 2 and "invalid choice: 'gpu'" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""``fused-optim demo``: the experiment plan, the recorder and report, and the demo end to end
+"""The demo (``python -m examples.demo``): the experiment plan, the recorder and report, and the demo end to end
 through Lightning and through mmengine (``--quick``), checked for consistent, finite numbers."""
 
 import json
@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from fused_optim.examples.demo import report, run_demo
-from fused_optim.examples.demo.plan import QUICK, Setup, plan_runs
-from fused_optim.examples.demo.recorder import Recorder, evaluate, load_result
-from fused_optim.examples.digits import DigitsCNN, load_digits
+from examples.demo import report, run_demo
+from examples.demo.plan import QUICK, Setup, plan_runs
+from examples.demo.recorder import Recorder, evaluate, load_result
+from examples.digits import DigitsCNN, load_digits
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -49,10 +49,10 @@ def test_plan_rejects_bad_scales_and_lr_and_skips_ddp_without_an_even_scale():
 
 
 def test_cli_reports_a_bad_scale_without_a_traceback(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fused_optim.cli", "demo", "--scales", "3", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "examples.demo", "--scales", "3", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 2
-    assert "fused-optim demo: error: Invalid scale: 3 does not divide the budget" in out.stderr
+    assert "python -m examples.demo: error: Invalid scale: 3 does not divide the budget" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -138,7 +138,7 @@ def _check_outputs(out, framework: str, scales: tuple[int, ...]):
 @pytest.mark.slow
 def test_quick_demo_end_to_end_through_lightning(tmp_path):
     # One scale (the default adds S=8: the same runs at another scale, a minute more of the suite).
-    out = subprocess.run([sys.executable, "-m", "fused_optim.cli", "demo", "--quick", "--scales", "4", "--out",
+    out = subprocess.run([sys.executable, "-m", "examples.demo", "--quick", "--scales", "4", "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"wrote {tmp_path / 'results.md'}" in out.stdout and "| AdaScale S=4 |" in out.stdout
@@ -149,7 +149,7 @@ def test_quick_demo_end_to_end_through_lightning(tmp_path):
 @pytest.mark.slow
 def test_quick_demo_end_to_end_through_mmengine(tmp_path):
     # With 8-bit momentum: the option reaches every run's config (the Lightning path: the test below).
-    out = subprocess.run([sys.executable, "-m", "fused_optim.cli", "demo", "--quick", "--framework", "mmengine",
+    out = subprocess.run([sys.executable, "-m", "examples.demo", "--quick", "--framework", "mmengine",
                           "--scales", "4", "--state-dtype", "8bit", "--out", str(tmp_path)], capture_output=True,
                          text=True, timeout=3600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -166,7 +166,7 @@ def test_quick_demo_end_to_end_through_mmengine(tmp_path):
 @pytest.mark.parametrize("state_dtype, stored", [(None, torch.float32), ("bfloat16", torch.bfloat16),
                                                  ("8bit", torch.uint8)])
 def test_lightning_module_keeps_the_momentum_buffer_in_the_setups_state_dtype(state_dtype, stored):
-    from fused_optim.examples.demo.lightning_runs import DigitsModule
+    from examples.demo.lightning_runs import DigitsModule
 
     setup = Setup(state_dtype=state_dtype)
     module = DigitsModule(plan_runs(setup, (4,))[0], setup)

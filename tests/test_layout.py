@@ -1,6 +1,8 @@
-"""Imports run one way: the adapters (``lightning_optim``, ``mmengine_optim``) import the core,
-the examples (``fused_optim.examples``) import the adapters and the core; the core never imports a
-framework, an adapter or the examples, and the adapters never import the examples.
+"""Imports run one way: the adapters (``lightning_optim``, ``mmengine_optim``) import the core
+(``fused_optim``); the repository's ``examples/`` and ``benchmarks/`` (not shipped) import
+anything; the core never imports a framework, an adapter, an example or a benchmark, and the
+adapters never import an example or a benchmark. Within the shipped packages the imports form no
+cycle.
 
 Checked twice: statically, from every module's ``import`` statements (also those inside functions,
 which run late), and at run time, by importing every module of the core and the adapters in a
@@ -13,13 +15,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = "fused_optim.examples"
+CORE = "fused_optim"
 ADAPTERS = ("lightning_optim", "mmengine_optim")
+SHIPPED = (CORE, *ADAPTERS)
+NOT_SHIPPED = ("examples", "benchmarks")
 FRAMEWORKS = ("lightning", "pytorch_lightning", "mmengine")
 # What each layer must not import (a name, or any module inside it).
-FORBIDDEN = {"core": (*FRAMEWORKS, *ADAPTERS, EXAMPLES), "adapters": (EXAMPLES,)}
-# The one exception: `fused-optim demo` runs the examples, importing them when the command runs.
-ALLOWED = {("fused_optim.cli", "fused_optim.examples.demo")}
+FORBIDDEN = {"core": (*FRAMEWORKS, *ADAPTERS, *NOT_SHIPPED), "adapters": NOT_SHIPPED}
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -27,11 +29,9 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def layer(module: str) -> str | None:
-    """``"core"``, ``"adapters"`` or None (the examples, which may import anything of ours)."""
-    if module == EXAMPLES or module.startswith(EXAMPLES + "."):
-        return None
-    return "core" if module.split(".")[0] == "fused_optim" else "adapters"
+def layer(module: str) -> str:
+    """``"core"`` or ``"adapters"``."""
+    return "core" if module.split(".")[0] == CORE else "adapters"
 
 
 def imports(root: Path, path: Path) -> set[str]:
@@ -59,37 +59,102 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+def shipped_modules(root: Path) -> dict[str, Path]:
+    return {module_name(root, path): path for package in SHIPPED for path in sorted((root / package).rglob("*.py"))}
+
+
 def violations(root: Path) -> list[str]:
     """``"module imports name"`` for every import under ``root`` that runs against the direction."""
-    found = []
-    for package in ("fused_optim", *ADAPTERS):
-        for path in sorted((root / package).rglob("*.py")):
-            module = module_name(root, path)
-            kind = layer(module)
-            for name in sorted(imports(root, path)):
-                allowed = any(module == m and within(name, (target,)) for m, target in ALLOWED)
-                if kind and within(name, FORBIDDEN[kind]) and not allowed:
-                    found.append(f"{module} imports {name}")
-    return found
+    return [f"{module} imports {name}" for module, path in shipped_modules(root).items()
+            for name in sorted(imports(root, path)) if within(name, FORBIDDEN[layer(module)])]
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the shipped modules it imports. ``from p import x`` counts as importing ``p.x``
+    where that is a module, else ``p`` (a name of p's ``__init__``). A module's own ancestor
+    packages are left out where it imports a module through them: Python runs a package's
+    ``__init__`` before any of its modules, so that edge is no dependency of the module's."""
+    modules = shipped_modules(root)
+    graph = {}
+    for module, path in modules.items():
+        names = imports(root, path)
+        targets = {name for name in names if name in modules}
+        # `from p import x` also gives p: drop it where x was a module (the edge is p.x).
+        targets -= {name for name in targets if any(other.startswith(name + ".") for other in targets)}
+        graph[module] = {t for t in targets if t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm), each sorted."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
 
 
 def test_no_module_imports_against_the_direction():
     assert violations(ROOT) == []
 
 
+def test_the_shipped_packages_import_without_cycles():
+    assert cycles(import_graph(ROOT)) == []
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function(tmp_path):
+    """Two modules importing each other, one of them inside a function (it runs late, so Python
+    does not fail, but the modules still depend on each other both ways), and a package whose
+    ``__init__`` imports its modules (no cycle): only the two are reported."""
+    files = {
+        "fused_optim/__init__.py": "from .registry import create\nfrom .adam import Adam\n",
+        "fused_optim/adam.py": "from . import _ops\n",
+        "fused_optim/_ops.py": "",
+        "fused_optim/registry.py": "from .distributed import by_params\n",
+        "fused_optim/distributed/__init__.py": "from .by_params import SGD\n",
+        "fused_optim/distributed/by_params.py": "def f():\n    from ..registry import create\n",
+        "lightning_optim/__init__.py": "from fused_optim import Adam\n",
+        "mmengine_optim/__init__.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert cycles(import_graph(tmp_path)) == [["fused_optim.distributed.by_params", "fused_optim.registry"]]
+
+
 def test_the_check_finds_each_kind_of_wrong_import(tmp_path):
-    """A tree with one wrong import per rule (absolute, relative, inside a function, by
-    import_module) and allowed ones: exactly the wrong ones are reported."""
+    """A tree with one wrong import per rule (absolute, inside a function, by import_module) and
+    allowed ones: exactly the wrong ones are reported."""
     files = {
         "fused_optim/__init__.py": "",
-        "fused_optim/cli.py": "def demo():\n    from .examples.demo import run_demo\n",  # the allowed one
+        "fused_optim/cli.py": "def bench():\n    from benchmarks import optimizers\n",
         "fused_optim/adam.py": "import torch\nfrom lightning.pytorch import Callback\n",
-        "fused_optim/bench/__init__.py": "",
-        "fused_optim/bench/run.py": "def f():\n    from ..examples import digits\n",
         "fused_optim/norm.py": "import importlib\nimportlib.import_module('mmengine_optim.hooks')\n",
-        "fused_optim/examples/__init__.py": "import lightning_optim\nimport mmengine\n",  # examples: anything
+        "examples/__init__.py": "import lightning_optim\nimport mmengine\n",  # examples: anything
         "lightning_optim/__init__.py": "from fused_optim import AdaScale\nimport lightning.pytorch\n",
-        "mmengine_optim/__init__.py": "from fused_optim.examples.mmengine_digits import DigitsDataset\n",
+        "mmengine_optim/__init__.py": "from examples.mmengine_digits import DigitsDataset\n",
     }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -97,24 +162,23 @@ def test_the_check_finds_each_kind_of_wrong_import(tmp_path):
     assert violations(tmp_path) == [
         "fused_optim.adam imports lightning.pytorch",
         "fused_optim.adam imports lightning.pytorch.Callback",
-        "fused_optim.bench.run imports fused_optim.examples",
-        "fused_optim.bench.run imports fused_optim.examples.digits",
+        "fused_optim.cli imports benchmarks",
+        "fused_optim.cli imports benchmarks.optimizers",
         "fused_optim.norm imports mmengine_optim.hooks",
-        "mmengine_optim imports fused_optim.examples.mmengine_digits",
-        "mmengine_optim imports fused_optim.examples.mmengine_digits.DigitsDataset",
+        "mmengine_optim imports examples.mmengine_digits",
+        "mmengine_optim imports examples.mmengine_digits.DigitsDataset",
     ]
 
 
-# Imports every module of the given packages (but the examples) in a fresh process, then prints
-# which modules of the forbidden ones got loaded.
+# Imports every module of the given packages in a fresh process, then prints which modules of the
+# forbidden ones got loaded.
 LOADED = """
 import importlib, json, pkgutil, sys
 packages, forbidden = sys.argv[1].split(","), tuple(sys.argv[2].split(","))
 def load(name):
     module = importlib.import_module(name)
     for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
-        if f"{name}.{info.name}" != "fused_optim.examples":
-            load(f"{name}.{info.name}")
+        load(f"{name}.{info.name}")
 for package in packages:
     load(package)
 print(json.dumps(sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in forbidden))))
@@ -128,9 +192,9 @@ def loaded(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
     return json.loads(out.stdout.splitlines()[-1])
 
 
-def test_importing_the_core_loads_no_framework_adapter_or_example():
+def test_importing_the_core_loads_no_framework_adapter_example_or_benchmark():
     assert loaded(("fused_optim",), FORBIDDEN["core"]) == []
 
 
-def test_importing_the_adapters_loads_no_example():
+def test_importing_the_adapters_loads_no_example_or_benchmark():
     assert loaded(ADAPTERS, FORBIDDEN["adapters"]) == []

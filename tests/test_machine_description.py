@@ -3,7 +3,7 @@
 import torch
 
 from fused_optim import _build
-from fused_optim.bench import cuda as bench_cuda, optimizers as bench
+from benchmarks import cuda as bench_cuda, optimizers as bench
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -23,7 +23,7 @@ def test_the_cpu_description_names_the_model_and_the_aten_capability(monkeypatch
 
 
 def test_the_benchmark_headers_name_the_machine():
-    """bench.md (printed by `fused-optim bench` too) and bench_cuda.md start with the description."""
+    """bench.md (printed by `python -m benchmarks` too) and bench_cuda.md start with the description."""
     machine = _build.cpu_description()
     assert machine in bench.markdown([], {}, None).splitlines()[0]
     assert f"host CPU {machine}" in bench_cuda.markdown([], [], "NVIDIA H100 (CUDA 12.8)", None).splitlines()[0]

@@ -64,7 +64,7 @@ def train(tmp_path: Path, optimizer: str, hand: dict, extra: str = "") -> list[d
     (tmp_path / "rank_dump.py").write_text(RANK_DUMP)
     (tmp_path / "run.py").write_text(
         f"_base_ = [{str(ROOT / 'configs' / 'digits_centralized_sgd.py')!r}]\n"
-        "custom_imports = dict(imports=['fused_optim.examples.mmengine_digits', 'rank_dump'],\n"
+        "custom_imports = dict(imports=['examples.mmengine_digits', 'rank_dump'],\n"
         "                      allow_failed_imports=False)\n"
         "custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'),\n"
         "                dict(type='mmengine_optim.PerRankCheckpointHook'),\n"

@@ -687,8 +687,8 @@ def test_registry_entries_take_the_options(name):
 
 
 def test_the_benchmark_runs_every_variant_and_reports_state_memory():
-    """fused_optim.bench.state_dtype on the 1M list, one round (speed is not asserted: measured)."""
-    from fused_optim.bench import state_dtype as bench
+    """benchmarks.state_dtype on the 1M list, one round (speed is not asserted: measured)."""
+    from benchmarks import state_dtype as bench
 
     result = bench.bench("1M", repeats=1, min_sample_s=0.0)
     rows = {r["variant"]: r for r in result["rows"]}

@@ -1,5 +1,5 @@
 """200 steps of two small real tasks with compact optimizer state, against the same run with
-fp32 state: the digits CNN (scikit-learn's 8x8 digits, fused_optim.examples.digits) and a small
+fp32 state: the digits CNN (scikit-learn's 8x8 digits, examples.digits) and a small
 transformer language model on generated text (a fixed random Markov chain over 12 tokens).
 
 Tolerance: the loss over the whole training set after 200 steps may differ from the fp32-state
@@ -21,7 +21,7 @@ from torch.nn import functional as F
 import fused_optim
 
 pytest.importorskip("sklearn")
-from fused_optim.examples.digits import DigitsCNN, load_digits  # noqa: E402
+from examples.digits import DigitsCNN, load_digits  # noqa: E402
 
 STEPS = 200
 LOSS_TOL = 0.01

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from ..registry import create_optimizer
 from . import centralized, decentralized
 from .comm import params_of
 
@@ -30,8 +31,6 @@ def CustomCentralizedOptimizer(params, optimizer: str | dict | Callable[[list], 
     """:class:`.centralized.CustomCentralizedOptimizer` over ``params``; ``optimizer``: the inner
     optimizer over the same params, as a name of
     :mod:`fused_optim.registry`, ``{"type": name, **options}``, or a callable params → optimizer."""
-    from ..registry import create_optimizer
-
     params = params_of(params)
     if isinstance(optimizer, str):
         optimizer = {"type": optimizer}

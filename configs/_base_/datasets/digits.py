@@ -1,5 +1,5 @@
 # scikit-learn's 8×8 digits (ships with scikit-learn: no download). 1438 train / 359 val images.
-# Registered by fused_optim.examples.mmengine_digits: a config using this names it in custom_imports.
+# Registered by examples.mmengine_digits: a config using this names it in custom_imports.
 train_dataloader = dict(
     batch_size=32,
     num_workers=0,

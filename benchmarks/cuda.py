@@ -1,4 +1,4 @@
-"""``fused-optim bench --device cuda``: the GPU benchmark. Ours (FusedSGD momentum 0.9 + weight
+"""``python -m benchmarks --device cuda``: the GPU benchmark. Ours (FusedSGD momentum 0.9 + weight
 decay, FusedAdam in AdamW mode, FusedLAMB, LARS, all ``fused=True``) vs ``torch.optim.SGD`` /
 ``AdamW`` with ``fused=True`` and ``foreach=True``, and vs timm's ``Lamb`` / ``Lars`` in their
 foreach and single-tensor modes, on CUDA params of three lists (200 tensors / 1M, ResNet-50's 161
@@ -10,7 +10,7 @@ build) each sample is ``inner`` steps between two ``torch.cuda.Event(enable_timi
 (``inner`` chosen so a sample lasts ~20 ms), so the time includes any launch overhead the GPU waits
 on; the table reports medians over ``repeats`` rounds, variants interleaved within each round. A
 device-to-device copy probe, ``dst.copy_(src)`` over flat byte buffers sized so that it moves
-(reads + writes) the same bytes as one pass of the update (``optimizers.TRAFFIC`` element sizes per
+(reads + writes) the same bytes as one pass of the update (``common.TRAFFIC`` element sizes per
 param), is timed in the same rounds. Each row reports ms/step, the ratio peer / ours (>1: ours is
 faster; the peer is torch fused for SGD and AdamW, the faster timm mode for LAMB and LARS), the
 effective bandwidth (bytes of one update pass / time) and its fraction of the copy bandwidth. At
@@ -36,8 +36,8 @@ from typing import Callable
 
 import torch
 
-from .. import _build
-from .optimizers import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, _table, _variants, timm_optimizers
+import fused_optim
+from benchmarks.common import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, table, timm_optimizers, variants
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars")
 # id -> (label, shapes); 1M and 25M as in the CPU benchmark.
@@ -57,7 +57,7 @@ MEMORY_MARGIN = 0.9  # of the free memory
 MIN_SAMPLE_S = 0.02
 WARMUP = 3
 DEVICE = "cuda"  # where params and the probe live (the tests stand the CPU in for it)
-NO_GPU = "fused-optim bench --device cuda needs a CUDA GPU: torch.cuda.is_available() is False"
+NO_GPU = "python -m benchmarks --device cuda needs a CUDA GPU: torch.cuda.is_available() is False"
 
 
 class NoGPUError(RuntimeError):
@@ -94,7 +94,7 @@ def _element_size(dtype: torch.dtype) -> int:
 
 def _make_params(shapes, dtype) -> list[torch.nn.Parameter]:
     """Params and grads made on the GPU from one seed: every call returns the same values.
-    (optimizers._make_params makes them on the CPU: too slow at 1B.)"""
+    (common.make_params makes them on the CPU: too slow at 1B.)"""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     params = []
     for s in shapes:
@@ -126,9 +126,9 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int) -> tupl
     label, make_shapes = LISTS[list_id]
     shapes = make_shapes()
     numel = sum(math.prod(s) for s in shapes)
-    variants = {k: v for k, v in _variants(opt).items() if k not in SKIP_VARIANTS}
+    timed = {k: v for k, v in variants(opt).items() if k not in SKIP_VARIANTS}
     free = _free_memory()
-    groups, skipped = plan(opt, list(variants), shapes, dtype, free)
+    groups, skipped = plan(opt, list(timed), shapes, dtype, free)
     n = probe_bytes(opt, numel, dtype) if groups else 0  # nothing fits: no probe either
     src, dst = torch.ones(n, dtype=torch.uint8, device=DEVICE), torch.empty(n, dtype=torch.uint8, device=DEVICE)
     probe = lambda: dst.copy_(src)  # noqa: E731
@@ -138,7 +138,7 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int) -> tupl
     while queue:
         group = queue.pop(0)
         try:
-            steppers = {k: variants[k](_make_params(shapes, dtype)) for k in group}
+            steppers = {k: timed[k](_make_params(shapes, dtype)) for k in group}
             steppers["probe"] = probe
             for k, f in steppers.items():
                 for _ in range(WARMUP):
@@ -163,7 +163,7 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int) -> tupl
     probe_gbs = 2 * n / med["probe"] / 1e9 if "probe" in med else math.nan
     peer = min((p for p in PEERS[opt] if p in med), key=med.get, default=None)
     rows = []
-    for k in variants:
+    for k in timed:
         if k not in med:
             continue
         gbs = TRAFFIC[opt] * size * numel / med[k] / 1e9
@@ -174,7 +174,7 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int) -> tupl
               "free_gib": free / 2**30,
               "probe_bytes_moved": 2 * probe_bytes(opt, numel, dtype),
               "copy_gb_per_s": probe_gbs if "probe" in med else None,
-              "variant_gib": {k: memory_bytes(opt, k, shapes, dtype) / 2**30 for k in variants},
+              "variant_gib": {k: memory_bytes(opt, k, shapes, dtype) / 2**30 for k in timed},
               "one_at_a_time": one_at_a_time, "skipped": skipped}
     return rows, record
 
@@ -205,16 +205,16 @@ def targets(rows: list[Row]) -> list[str]:
 
 def markdown(rows: list[Row], records: list[dict], device: str, timm: str | None) -> str:
     by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
-    lines = [f"{device}, torch {torch.__version__}; host CPU {_build.cpu_description()}; CUDA-event timing, "
+    lines = [f"{device}, torch {torch.__version__}; host CPU {fused_optim.cpu_description()}; CUDA-event timing, "
              f"medians of interleaved rounds; "
              f"of copy: fraction of the bandwidth of `dst.copy_(src)` moving the same bytes in the same rounds.",
              "", "Targets (fused_optim rows):", *targets(rows), "",
-             *_table(by_opt("sgd", "adamw"), "× vs torch fused", probe="of copy")]
+             *table(by_opt("sgd", "adamw"), "× vs torch fused", probe="of copy")]
     if by_opt("lamb", "lars"):
         lines += ["", f"LAMB and LARS vs timm {timm}: × vs the faster of its foreach and single-tensor modes "
                       f"(peer); time / FusedAdam: LAMB's step over FusedAdam's (AdamW) in the same rounds. GB/s "
                       f"count one pass (7 and 5 element sizes), though both need norms before updating.", "",
-                  *_table(by_opt("lamb", "lars"), "× vs peer", probe="of copy", peer=True, adam=True)]
+                  *table(by_opt("lamb", "lars"), "× vs peer", probe="of copy", peer=True, adam=True)]
     lines += ["", "| params | dtype | optimizer | copy MB moved | copy GB/s |", "|---|---|---|---:|---:|"]
     for rec in records:
         gbs = "n/a" if rec["copy_gb_per_s"] is None else f"{rec['copy_gb_per_s']:.0f}"
@@ -239,7 +239,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None,
     repeats = repeats or (5 if quick else 11)
     lists = lists or (QUICK_LISTS if quick else list(LISTS))
     device = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
-    print(f"fused-optim bench on {device}, host CPU {_build.cpu_description()}", flush=True)
+    print(f"benchmarks on {device}, host CPU {fused_optim.cpu_description()}", flush=True)
     rows: list[Row] = []
     records: list[dict] = []
     for list_id in lists:
@@ -256,7 +256,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None,
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out / "bench_cuda.json", out / "bench_cuda.md"
     json_path.write_text(json.dumps({"rows": [asdict(r) for r in rows], "cases": records, "device": device,
-                                     "host_cpu": _build.cpu_description(),
+                                     "host_cpu": fused_optim.cpu_description(),
                                      "torch": torch.__version__, "timm": timm if classes else None,
                                      "timm_unavailable": None if classes else timm}, indent=2))
     md_path.write_text(markdown(rows, records, device, timm if classes else f"unavailable: {timm}"))

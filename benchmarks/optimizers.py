@@ -1,4 +1,4 @@
-"""``fused-optim bench``: ours vs torch.optim's single-tensor / foreach / fused modes (SGD, AdamW),
+"""``python -m benchmarks``: ours vs torch.optim's single-tensor / foreach / fused modes (SGD, AdamW),
 vs timm's Lamb and Lars (foreach and single-tensor modes), and ``multi_tensor_l2norm`` vs
 ``torch._foreach_norm``.
 
@@ -22,136 +22,23 @@ the timm rows are missing and bench.md says so.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import types
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from .. import _build
-from ..adam import FusedAdam
-from ..lamb import FusedLAMB
-from ..lars import LARS
-from ..norm import multi_tensor_l2norm
-from ..sgd import FusedSGD
-from . import adascale_overhead, master_weights, state_dtype
+import fused_optim
+from benchmarks import adascale_overhead, master_weights, state_dtype
+from benchmarks.common import (FUSED_ADAM, PARAM_LISTS, PEERS, QUICK_LISTS, TRAFFIC, Row, interleaved_medians,
+                               make_params, table, time_calls, timm_optimizers, variants)
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars", "norm")
-# Bytes one pass of each update reads + writes per element, in units of the element size:
-# sgd, lars: r p,g,buf w p,buf; adamw, lamb: r p,g,m,v w p,m,v; norm: r g. LAMB and LARS need norms
-# before they can update (more reads unless a tensor stays in cache): their fraction stays lower.
-TRAFFIC = {"sgd": 5, "adamw": 7, "lamb": 7, "lars": 5, "norm": 1}
-# The variants each row's "× vs peer" divides by; with several, the fastest one of the case.
-PEERS = {"sgd": ("torch fused",), "adamw": ("torch fused",), "lamb": ("timm foreach", "timm single"),
-         "lars": ("timm foreach", "timm single"), "norm": ("torch foreach_norm + stack",)}
-FUSED_ADAM = "FusedAdam (AdamW)"  # timed in the LAMB rounds: LAMB's step time over Adam's
-
-
-def resnet50_shapes() -> list[tuple[int, ...]]:
-    """The 161 parameter shapes of torchvision's ResNet-50 (25.6M params)."""
-    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]
-    inplanes = 64
-    for planes, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
-        for b in range(blocks):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,), (planes, planes, 3, 3), (planes,),
-                       (planes,), (planes * 4, planes, 1, 1), (planes * 4,), (planes * 4,)]
-            if b == 0:
-                shapes += [(planes * 4, inplanes, 1, 1), (planes * 4,), (planes * 4,)]
-            inplanes = planes * 4
-    return shapes + [(1000, 2048), (1000,)]
-
-
-# id -> (label, shapes)
-PARAM_LISTS: dict[str, tuple[str, Callable[[], list[tuple[int, ...]]]]] = {
-    "1M": ("200 tensors / 1M", lambda: [(5000,)] * 200),
-    "25M": ("ResNet-50: 161 tensors / 25.6M", resnet50_shapes),
-    "100M": ("20 tensors / 100M", lambda: [(5_000_000,)] * 20),
-}
-QUICK_LISTS = ["1M", "25M"]
-
-
-def _foreach_global_norm(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The global norm with torch alone, as timm's Lamb computes it."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)))
-
-
-_TIMM_PACKAGE = "_fused_optim_timm_optim"  # private name: a real `import timm` later is not shadowed
-
-
-@functools.lru_cache(maxsize=None)
-def timm_optimizers() -> tuple[dict[str, type], str]:
-    """({"Lamb": .., "Lars": ..}, timm version), or ({}, why not): timm's ``optim/lamb.py`` and
-    ``optim/lars.py`` imported as modules of an empty stub package whose path is timm's ``optim``
-    directory, so their relative imports (``._helpers``, ``._types``) resolve and neither
-    ``timm/__init__`` (needs torchvision) nor ``timm/optim/__init__`` runs."""
-    spec = importlib.util.find_spec("timm")  # a top-level find_spec does not import the package
-    if spec is None or not spec.submodule_search_locations:
-        return {}, "timm is not installed"
-    try:
-        if _TIMM_PACKAGE not in sys.modules:
-            stub = types.ModuleType(_TIMM_PACKAGE)
-            stub.__path__ = [os.path.join(next(iter(spec.submodule_search_locations)), "optim")]
-            sys.modules[_TIMM_PACKAGE] = stub
-        classes = {name: getattr(importlib.import_module(f"{_TIMM_PACKAGE}.{name.lower()}"), name)
-                   for name in ("Lamb", "Lars")}
-    except Exception as exc:  # another timm version, a broken install: the rows are just missing
-        return {}, f"timm's optim/lamb.py, lars.py did not load ({type(exc).__name__}: {exc})"
-    return classes, importlib.metadata.version("timm")
-
-
-def _variants(opt: str) -> dict[str, Callable[[list[torch.nn.Parameter]], Callable[[], object]]]:
-    """name -> (params -> the step to time). The first one is ours."""
-    if opt == "sgd":
-        kw = dict(lr=1e-3, momentum=0.9, weight_decay=1e-4)
-        return {
-            "fused_optim": lambda ps: FusedSGD(ps, fused=True, **kw).step,
-            "torch fused": lambda ps: torch.optim.SGD(ps, fused=True, **kw).step,
-            "torch foreach": lambda ps: torch.optim.SGD(ps, foreach=True, **kw).step,
-            "torch single": lambda ps: torch.optim.SGD(ps, foreach=False, **kw).step,
-        }
-    if opt == "adamw":
-        kw = dict(lr=1e-3, weight_decay=1e-2)
-        return {
-            "fused_optim": lambda ps: FusedAdam(ps, fused=True, **kw).step,
-            "torch fused": lambda ps: torch.optim.AdamW(ps, fused=True, **kw).step,
-            "torch foreach": lambda ps: torch.optim.AdamW(ps, foreach=True, **kw).step,
-            "torch single": lambda ps: torch.optim.AdamW(ps, foreach=False, **kw).step,
-        }
-    if opt == "norm":  # the global norm of the grads, as LAMB's clipping (and clip_grad_norm_) needs it
-        grads = lambda ps: [p.grad for p in ps]  # noqa: E731
-        return {
-            "fused_optim": lambda ps: functools.partial(multi_tensor_l2norm, grads(ps), fused=True),
-            "torch foreach_norm + stack": lambda ps: functools.partial(_foreach_global_norm, grads(ps)),
-            "torch foreach_norm (per tensor only)": lambda ps: functools.partial(torch._foreach_norm, grads(ps)),
-        }
-    # LAMB: timm Lamb's defaults (decay added to the update, as FusedLAMB's adam_w_mode). LARS: the
-    # trust coefficient is trust_coefficient in ours, trust_coeff in timm.
-    if opt == "lamb":
-        ours, timm, kw = FusedLAMB, "Lamb", dict(lr=1e-3, weight_decay=0.01, max_grad_norm=1.0)
-        timm_kw = kw
-    else:
-        ours, timm, timm_kw = LARS, "Lars", dict(lr=0.1, momentum=0.9, weight_decay=1e-4, trust_coeff=1e-3)
-        kw = {k.replace("trust_coeff", "trust_coefficient"): v for k, v in timm_kw.items()}
-    variants = {"fused_optim": lambda ps: ours(ps, fused=True, **kw).step}
-    timm_cls = timm_optimizers()[0].get(timm)
-    if timm_cls is not None:
-        variants["timm foreach"] = lambda ps: timm_cls(ps, foreach=True, **timm_kw).step
-        variants["timm single"] = lambda ps: timm_cls(ps, foreach=False, **timm_kw).step
-    if opt == "lamb":
-        variants[FUSED_ADAM] = _variants("adamw")["fused_optim"]
-    return variants
 
 
 def _step_disagreements(opt: str, dtype: torch.dtype) -> set[str]:
@@ -168,7 +55,7 @@ def _step_disagreements(opt: str, dtype: torch.dtype) -> set[str]:
     start = (torch.randn(4097, generator=gen) * 1e-2).to(dtype)
     grads = [(torch.randn(4097, generator=gen) * 10).to(dtype) for _ in range(2)]
     moves = {}
-    for name, make in _variants(opt).items():
+    for name, make in variants(opt).items():
         p = torch.nn.Parameter(start.clone())
         step = make([p])
         for g in grads:
@@ -180,63 +67,16 @@ def _step_disagreements(opt: str, dtype: torch.dtype) -> set[str]:
     return {name for name, move in moves.items() if torch.linalg.vector_norm(move - single) > bound}
 
 
-@dataclass
-class Row:
-    optimizer: str
-    dtype: str
-    params: str
-    tensors: int
-    numel: int
-    variant: str
-    ms_per_step: float
-    peer: str | None  # the (fastest) peer variant; None: none ran (timm missing)
-    speedup_vs_peer: float | None  # peer's time / this row's
-    gb_per_s: float
-    fraction_of_probe: float  # read-modify-write probe; for "norm" the read probe
-    probe_gb_per_s: float
-    time_vs_fused_adam: float | None = None  # lamb: this row's time / FusedAdam's in the same rounds
-    wrong: bool = False  # its step disagrees with torch's single-tensor mode (_step_disagreements)
-
-
-def _make_params(shapes, dtype) -> list[torch.nn.Parameter]:
-    gen = torch.Generator().manual_seed(0)
-    params = []
-    for s in shapes:
-        p = torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype))
-        p.grad = torch.randn(s, generator=gen).to(dtype) * 1e-3
-        params.append(p)
-    return params
-
-
-def _time(fn: Callable[[], None], inner: int) -> float:
-    start = time.perf_counter()
-    for _ in range(inner):
-        fn()
-    return (time.perf_counter() - start) / inner
-
-
-def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, min_sample_s: float) -> dict[str, float]:
-    """Median seconds per call of each stepper: one warm-up call each (state allocation), then
-    ``repeats`` rounds that time every stepper in turn, each sample long enough (min_sample_s)."""
-    for f in steppers.values():
-        f()
-    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
-    samples: dict[str, list[float]] = {k: [] for k in steppers}
-    for _ in range(repeats):
-        for k, f in steppers.items():
-            samples[k].append(_time(f, inner[k]))
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sample_s: float = 0.02) -> list[Row]:
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
     numel = sum(torch.Size(s).numel() for s in shapes)
-    variants = _variants(opt)
+    timed = variants(opt)
     steppers = {}
-    for name, make in variants.items():
-        steppers[name] = make(_make_params(shapes, dtype))
-        steppers[name]()  # state allocation and the JIT build are not part of the timing
+    for name, make in timed.items():
+        steppers[name] = make(make_params(shapes, dtype))
     size = torch.empty((), dtype=dtype).element_size()
     if opt == "norm":
         # Read probe: an int64 sum over the same bytes. Plain integer adds, the same for every dtype,
@@ -248,20 +88,12 @@ def bench_case(opt: str, dtype: torch.dtype, list_id: str, repeats: int, min_sam
         a = torch.randn(numel).to(dtype)
         b = torch.randn(numel).to(dtype) * 1e-3
         probe_bytes, steppers["probe"] = 3, lambda: a.add_(b)
-    # Samples of roughly min_sample_s each, from the fastest of 3 calls: the first call after another
-    # variant finds its data evicted from the cache and can take several times a step, which made
-    # samples of a dozen steps where a hundred were meant. Each sample still starts with such a step.
-    inner = {k: max(1, int(min_sample_s / max(min(_time(f, 1) for _ in range(3)), 1e-6))) for k, f in steppers.items()}
-    samples: dict[str, list[float]] = {k: [] for k in steppers}
-    for _ in range(repeats):  # interleaved: every variant once per round
-        for k, f in steppers.items():
-            samples[k].append(_time(f, inner[k]))
-    med = {k: statistics.median(v) for k, v in samples.items()}
+    med = interleaved_medians(steppers, repeats, min_sample_s)
     probe_gbs = probe_bytes * size * numel / med["probe"] / 1e9
     peer = min((p for p in PEERS[opt] if p in med), key=med.get, default=None)
     wrong = _step_disagreements(opt, dtype)
     rows = []
-    for k in variants:
+    for k in timed:
         gbs = TRAFFIC[opt] * size * numel / med[k] / 1e9
         rows.append(Row(opt, str(dtype).replace("torch.", ""), label, len(shapes), numel, k, med[k] * 1e3,
                         peer, med[peer] / med[k] if peer else None, gbs, gbs / probe_gbs, probe_gbs,
@@ -273,9 +105,9 @@ def host_overhead_us(opt: str, tensors: int = 2000, repeats: int = 15) -> dict[s
     """Step time per tensor on 1-element tensors: the cost that is not arithmetic."""
     out = {}
     for name in ("fused_optim", "torch fused"):
-        step = _variants(opt)[name](_make_params([(1,)] * tensors, torch.float32))
+        step = variants(opt)[name](make_params([(1,)] * tensors, torch.float32))
         step()
-        out[name] = statistics.median(_time(step, 5) for _ in range(repeats)) / tensors * 1e6
+        out[name] = statistics.median(time_calls(step, 5) for _ in range(repeats)) / tensors * 1e6
     return out
 
 
@@ -303,17 +135,6 @@ def build_timing() -> dict[str, float]:
             "first_torch_optimizer_s": first_torch_optimizer}
 
 
-def _table(rows: list[Row], speedup: str, probe: str = "of probe", peer: bool = False, adam: bool = False) -> list[str]:
-    """One markdown table; optional columns: the peer's name, LAMB's time over FusedAdam's."""
-    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
-    cols = [("optimizer", lambda r: r.optimizer), ("dtype", lambda r: r.dtype), ("params", lambda r: r.params),
-            ("variant", lambda r: r.variant + " ⚠" * r.wrong), ("ms/step", lambda r: f"{r.ms_per_step:.3f}")]
-    cols += [("peer", lambda r: r.peer or "n/a")] * peer + [(speedup, lambda r: fmt(r.speedup_vs_peer))]
-    cols += [("time / FusedAdam", lambda r: fmt(r.time_vs_fused_adam))] * adam
-    cols += [("GB/s", lambda r: f"{r.gb_per_s:.1f}"), (probe, lambda r: f"{r.fraction_of_probe:.2f}")]
-    numeric = lambda h: h not in ("optimizer", "dtype", "params", "variant", "peer")  # noqa: E731
-    lines = ["| " + " | ".join(h for h, _ in cols) + " |", "|" + "".join("---:|" if numeric(h) else "---|" for h, _ in cols)]
-    return lines + ["| " + " | ".join(cell(r) for _, cell in cols) + " |" for r in rows]
 
 
 def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None = None,
@@ -321,9 +142,9 @@ def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None =
     """``timm``: its version, or why it is unavailable (None: no LAMB / LARS rows to explain)."""
     by_opt = lambda *opts: [r for r in rows if r.optimizer in opts]  # noqa: E731
     lines = [
-        f"{_build.cpu_description()}; torch {torch.__version__}; medians of interleaved rounds.",
+        f"{fused_optim.cpu_description()}; torch {torch.__version__}; medians of interleaved rounds.",
         "",
-        *_table(by_opt("sgd", "adamw"), "× vs torch fused"),
+        *table(by_opt("sgd", "adamw"), "× vs torch fused"),
     ]
     if any(r.wrong for r in rows):
         lines += ["", "⚠ wrong results: two steps of this mode on a 4097-element check tensor land far from torch's "
@@ -343,13 +164,13 @@ def markdown(rows: list[Row], host: dict, build: dict | None, timm: str | None =
                        f"LAMB and LARS: **timm rows unavailable** ({timm}; `pip install --no-deps timm==1.0.31`), "
                        f"so there is no × vs timm; time / FusedAdam: LAMB's step over FusedAdam's in the same "
                        f"rounds. {floor}"), "",
-                  *_table(by_opt("lamb", "lars"), "× vs peer", peer=True, adam=True)]
+                  *table(by_opt("lamb", "lars"), "× vs peer", peer=True, adam=True)]
     if by_opt("norm"):
         lines += ["", "Global L2 norm of the grads: `multi_tensor_l2norm(grads)` vs "
                       "`torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))` (peer) and the bare "
                       "per-tensor `torch._foreach_norm(grads)`; of read probe: fraction of the GB/s of an int64 "
                       "`sum()` over the same bytes.", "",
-                  *_table(by_opt("norm"), "× vs peer", probe="of read probe", peer=True)]
+                  *table(by_opt("norm"), "× vs peer", probe="of read probe", peer=True)]
     if adascale:
         lines += ["", *adascale_overhead.markdown(adascale)]
     lines += ["", "| host overhead, µs per tensor (1-element tensors) | fused_optim | torch fused |", "|---|---:|---:|"]
@@ -370,7 +191,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
     repeats = repeats or (5 if quick else 11)
     lists = lists or (QUICK_LISTS if quick else list(PARAM_LISTS))
     rows: list[Row] = []
-    print(f"fused-optim bench on {_build.cpu_description()}", flush=True)
+    print(f"benchmarks on {fused_optim.cpu_description()}", flush=True)
     for list_id in lists:
         for opt in OPTIMIZERS:
             for dtype in (torch.float32, torch.bfloat16):
@@ -409,7 +230,7 @@ def run(out: Path, quick: bool = False, repeats: int | None = None, lists: list[
                                      "state_dtype": compact,
                                      "torch": torch.__version__,
                                      "timm": timm if classes else None, "timm_unavailable": None if classes else timm,
-                                     "threads": torch.get_num_threads(), "cpu": _build.cpu_description()},
+                                     "threads": torch.get_num_threads(), "cpu": fused_optim.cpu_description()},
                                     indent=2))
     md_path.write_text(markdown(rows, host, build, timm, adascale) + "\n".join(master_weights.markdown(masters))
                        + "\n".join(state_dtype.markdown(compact)) + "\n")

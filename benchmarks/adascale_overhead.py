@@ -1,5 +1,5 @@
 """AdaScale's overhead per training step, ours vs fairscale's, and NoiseScale's, in one run (part of
-``fused-optim bench``).
+``python -m benchmarks``).
 
 The model is 100 ``Linear(w, w)`` layers (200 tensors: weights and biases); a training step is
 ``accum`` = 2 forward + backward passes of a batch of 32 and one FusedSGD step (momentum 0.9) with
@@ -18,9 +18,7 @@ from typing import Callable
 
 import torch
 
-from ..adascale import AdaScale
-from ..noise_scale import NoiseScale
-from ..sgd import FusedSGD
+from fused_optim import AdaScale, FusedSGD, NoiseScale
 
 WIDTHS = {"1M": 100, "25M": 500}  # param list id of the optimizer benchmark -> layer width
 ACCUM, BATCH, LAYERS = 2, 32, 100

@@ -1,4 +1,4 @@
-"""``fused-optim demo``: AdaScale scaling a real training run, against a small-batch baseline
+"""``python -m examples.demo``: AdaScale scaling a real training run, against a small-batch baseline
 and linear lr scaling with warm-up (the experiment is in :mod:`.plan`).
 
 The runs train through a framework adapter (:mod:`.lightning_runs` or :mod:`.mmengine_runs`,

@@ -1,6 +1,6 @@
-"""The demo's runs through mmengine (``fused-optim demo --framework mmengine``): each run is an
+"""The demo's runs through mmengine (``python -m examples.demo --framework mmengine``): each run is an
 mmengine config of registered names (the digits dataset and model of ``configs/``, registered by
-importing :mod:`fused_optim.examples.mmengine_digits`; ``FusedOptimWrapper`` or
+importing :mod:`examples.mmengine_digits`; ``FusedOptimWrapper`` or
 ``AdaScaleOptimWrapper``, iteration-based schedules stepped by ``UpdateParamSchedulerHook``, its τ
 stop) trained by ``Runner.from_cfg``; the DDP run spawns 2 CPU processes, each initialised as
 ``torchrun`` would (``launcher='pytorch'``)."""

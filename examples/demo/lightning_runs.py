@@ -1,4 +1,4 @@
-"""The demo's runs in Lightning (``fused-optim demo``): a LightningModule for the digits CNN, the
+"""The demo's runs in Lightning (``python -m examples.demo``): a LightningModule for the digits CNN, the
 run's Trainer (``accumulate_grad_batches`` and ``AdaScaleCallback``, or ``"adascale_ddp_spawn"``
 over 2 CPU processes) and a progress bar that records the run."""
 

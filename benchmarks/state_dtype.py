@@ -7,7 +7,7 @@ Bytes per element a step must move: grad 4 + param r/w 8 + m and v r/w: fp32 16,
 The probe is fp32 ``a.add_(b)`` (12 bytes per element), timed in the same rounds. Interleaved
 rounds, medians, as :mod:`.optimizers`; ratios are against our fp32-state step of the same run.
 
-    python -m fused_optim.bench.state_dtype [--lists 25M 100M] [--repeats 7]
+    python -m benchmarks.state_dtype [--lists 25M 100M] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import argparse
 import importlib
 import torch
 
-from ..torch_optim import AdamW
+import fused_optim
+from benchmarks.common import PARAM_LISTS, interleaved_medians
+from fused_optim import AdamW
 
 LISTS = ("25M", "100M")
 VARIANTS = {  # label -> (our AdamW's keywords, bytes moved per element, state bytes per element)
@@ -68,7 +70,6 @@ def state_bytes(opt: torch.optim.Optimizer) -> int:
 
 
 def bench(list_id: str, repeats: int, min_sample_s: float = 0.05) -> dict:
-    from .optimizers import PARAM_LISTS, interleaved_medians  # (it imports this module)
 
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()
@@ -111,13 +112,13 @@ def markdown(results: list[dict], cpu: str = "") -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .. import _build
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lists", nargs="+", default=list(LISTS), choices=LISTS)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    cpu = f"CPU: {_build.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, medians."
+    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
+           "medians.")
     results = [bench(list_id, args.repeats) for list_id in args.lists]
     print("\n".join(markdown(results, cpu)))
 

@@ -2,7 +2,7 @@
 step time, on W gloo ranks of this machine (loopback), for a model of the ResNet-50 shapes (25.6M
 params) or the 1M list of :mod:`.optimizers`::
 
-    python -m fused_optim.bench.distributed --world 2 4 --list 25M --rounds 5
+    python -m benchmarks.distributed --world 2 4 --list 25M --rounds 5
 
 Variants, interleaved round by round: DDP (its all-reduce of the grads, 25 MB buckets) + fused
 SGD; CentralizedSGD (flat buckets: synchronous, and ``overlap=True``; by layer); PowerSGD rank
@@ -40,9 +40,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from ..process_group import end_process_group, init_process_group
-from ..torch_optim import SGD
-from . import mlbench_peer, optimizers
+import fused_optim
+from benchmarks import mlbench_peer
+from benchmarks.common import PARAM_LISTS
+from fused_optim import SGD
+from fused_optim.distributed import CentralizedSGD, DecentralizedSGD, PowerSGD, ring
+from fused_optim.process_group import end_process_group, init_process_group
 
 SGD_KW = dict(lr=1e-3, momentum=0.9)
 
@@ -83,7 +86,6 @@ class _Counter:
         return original(*args, **kwargs)
 
 
-
 REAL_BACKWARD = ("DDP all-reduce + SGD", "CentralizedSGD (flat)", "CentralizedSGD (flat, overlap)")
 
 
@@ -92,7 +94,6 @@ def _variants(shapes, rank: int, world: int, mlbench: str | None, batch: int = 0
     their own; the others share one (each optimizer keeps its own state; a step's cost does not
     depend on the values): a model per variant would not fit 4 ranks of the 25M list in memory.
     ``batch`` > 0 (a real backward, :class:`_Model`): the variants of ``REAL_BACKWARD`` only."""
-    from ..distributed import CentralizedSGD, DecentralizedSGD, PowerSGD, ring
 
     shared = _Model(shapes, batch)
 
@@ -128,7 +129,7 @@ def _worker(rank: int, world: int, store: str, list_id: str, rounds: int, out: s
     init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         counter = _Counter()
-        shapes = optimizers.PARAM_LISTS[list_id][1]()
+        shapes = PARAM_LISTS[list_id][1]()
         built = {name: make() for name, make in _variants(shapes, rank, world, mlbench, batch).items()}
         x = torch.tensor(1.0 + rank)
         times = {name: [] for name in built}
@@ -172,7 +173,7 @@ def run(world: int, list_id: str, rounds: int, mlbench: str | None = None, batch
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--list", default="25M", choices=list(optimizers.PARAM_LISTS))
+    parser.add_argument("--list", default="25M", choices=list(PARAM_LISTS))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mlbench", metavar="SITE_PACKAGES", default=None,
                         help="a site-packages directory holding mlbench-core 3.0.0 (default: this interpreter's)")
@@ -180,9 +181,8 @@ def main() -> None:
                         help="> 0: a real backward, every param a linear layer on this many input rows (DDP and "
                              "CentralizedSGD only, to measure overlap=True); 0: the trivial Σ p·x")
     args = parser.parse_args()
-    from .. import _build
     root, why = mlbench_peer.find(args.mlbench)
-    print(f"fused_optim.bench.distributed on {_build.cpu_description()}, list {args.list}, 1 thread per rank, "
+    print(f"benchmarks.distributed on {fused_optim.cpu_description()}, list {args.list}, 1 thread per rank, "
           + (f"real backward (batch {args.batch})" if args.batch else "trivial backward"))
     print(f"peer: mlbench-core at {root}" if root else f"peer absent, no mlbench rows: {why}")
     print("| ranks | variant | ms/step | mlbench ÷ ours | ms in opt.step | mlbench ÷ ours (opt.step) "

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..adam import FusedAdam
-from ..sgd import FusedSGD
+from benchmarks.common import PARAM_LISTS, interleaved_medians
+from fused_optim import FusedAdam, FusedSGD
 
 BYTES = {"sgd": 20, "adamw": 28}
 LISTS = ("25M", "100M")
@@ -52,7 +52,6 @@ def _torch(opt: str, shapes):
 
 
 def bench(opt: str, list_id: str, repeats: int, min_sample_s: float = 0.05) -> dict:
-    from .optimizers import PARAM_LISTS, interleaved_medians  # (it imports this module)
 
     label, make_shapes = PARAM_LISTS[list_id]
     shapes = make_shapes()

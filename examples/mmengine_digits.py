@@ -3,7 +3,7 @@ under their bare names in mmengine's root registries (``DATASETS``, ``MODELS``, 
 
 A config that names them imports this module (the fragments in ``configs/_base_`` that name them do)::
 
-    custom_imports = dict(imports=['fused_optim.examples.mmengine_digits'], allow_failed_imports=False)
+    custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
     model = dict(type='DigitsClassifier', width=16)
 """
 
@@ -37,7 +37,7 @@ class DigitsDataset(Dataset):
 
 @MODELS.register_module()
 class DigitsClassifier(BaseModel):
-    """:class:`fused_optim.examples.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
+    """:class:`examples.digits.DigitsCNN` with mmengine's modes: ``loss`` → cross-entropy,
     ``predict`` → per-image ``dict(pred, label, loss)``, ``tensor`` → logits. ``dtype``
     (``'float16'``, ``'bfloat16'``): the params' dtype, a half model (inputs cast to it, logits
     back to fp32), e.g. for an optimizer with ``master_weights=True``."""
