@@ -67,18 +67,33 @@ def cmd_list(args) -> int:
     return 0
 
 
+DESCRIPTION = ("fused_optim's kernels and registry. The benchmarks and the demo live in the repository, "
+               "not the package: from a clone, `make bench` and `make demo`.")
+COMMANDS = {
+    "info": "show the versions, the CPU's ISA, the CUDA device, and whether the kernels are built and where",
+    "build": "build the kernels now (or load them from the cache), with the time it took",
+    "list": "list the optimizers' registry names (create_optimizer(name, params, ...)), with what each is",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fused-optim", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="build status, CPU ISA, threads, CUDA").set_defaults(fn=cmd_info)
-    build = sub.add_parser("build", help="build (or load from cache) the kernels, with timing")
+    """Runs a command; without one, prints the help (exit status 0)."""
+    parser = argparse.ArgumentParser(prog="fused-optim", description=DESCRIPTION)
+    sub = parser.add_subparsers(dest="command", metavar="{info,build,list}")
+    parsers = {name: sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+               for name, text in COMMANDS.items()}
+    parsers["info"].set_defaults(fn=cmd_info)
+    build = parsers["build"]
     build.add_argument("--cuda", action="store_true",
                        help="build the CUDA kernels even where torch sees no GPU (needs a CUDA build of torch and nvcc;"
                             f" for TORCH_CUDA_ARCH_LIST, default {_build.CHECK_CUDA_ARCH_LIST}) and check that every "
                             "CUDA op is registered")
     build.set_defaults(fn=cmd_build)
-    sub.add_parser("list", help="the optimizers' registry names").set_defaults(fn=cmd_list)
+    parsers["list"].set_defaults(fn=cmd_list)
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     return args.fn(args)
 
 

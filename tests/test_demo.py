@@ -194,5 +194,34 @@ def test_report_table_and_plot_from_results(tmp_path):
     md = report.table(results, setup, "lightning")
     assert "| AdaScale S=4 | 90.00 | 0.5000 | 16 | 2.5× | 40 | 2.50–2.50 | 1.0 |" in md
     assert "| linear S=4 + warm-up | 90.00 | 0.5000 | 10 | 4.0× | 40 | — | 1.0 |" in md
-    report.plot(results, setup, tmp_path / "demo.png")
+    report.plot(results, setup, tmp_path / "demo.png", "mmengine", quick=True)
     assert (tmp_path / "demo.png").read_bytes()[:8] == PNG_MAGIC
+    fig = report.figure(results, setup, "title")
+    assert all(ax.get_legend() is not None and ax.get_legend().get_texts() for ax in fig.axes)
+    assert "validation accuracy %" in [ax.get_ylabel() for ax in fig.axes]
+    log_axes = [ax for ax in fig.axes if ax.get_yscale() == "log"]
+    fig.canvas.draw()
+    for ax in log_axes:  # plain numbers (no 10^x mathtext), none of them on the minor ticks
+        labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+        assert labels and not any("$" in t for t in labels), labels
+        assert not [t.get_text() for t in ax.get_yticklabels(minor=True) if t.get_text()]
+
+
+def test_a_second_run_keeps_the_first_runs_results_unless_forced(tmp_path, monkeypatch):
+    """The default folder is per framework and mode, and a folder holding results is refused
+    before any training, unless ``force``."""
+    from examples.demo import default_out
+
+    assert default_out("lightning", quick=False) != default_out("lightning", quick=True)
+    assert default_out("lightning", quick=False) != default_out("mmengine", quick=False)
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(ValueError, match="holds the results of an earlier run; give another --out, or --force"):
+        run_demo(tmp_path, quick=True)
+    assert (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_the_cli_refuses_to_overwrite_without_force(tmp_path):
+    (tmp_path / "results.json").write_text("{}")
+    out = subprocess.run([sys.executable, "-m", "examples.demo", "--quick", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 2 and "--force to replace them" in out.stderr and "Traceback" not in out.stderr

@@ -176,3 +176,24 @@ def test_distributed_names_create_the_distributed_optimizers(capsys):
     assert all(f"  {name} " in out for name in list_optimizers() + list_distributed_optimizers())
     with pytest.raises(ValueError, match=r"Unknown optimizer name 'powersg'; available: .*; distributed: .*powersgd"):
         create_optimizer("powersg", params())
+
+
+def test_cli_without_a_command_prints_the_help(capsys):
+    from fused_optim.cli import main
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fused-optim") and all(f"    {name} " in out for name in ("info", "build", "list"))
+
+
+@pytest.mark.parametrize("command", [[], ["info"], ["build"], ["list"]], ids=["top", "info", "build", "list"])
+def test_cli_help_is_plain_text_with_a_description(command, capsys):
+    """Every help page says what its command does, in plain text (no reStructuredText markup)."""
+    from fused_optim.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "``" not in out
+    description = out.split("\n\n")[1]  # argparse: usage, blank line, description, blank line, ...
+    assert not description.startswith(("options:", "positional arguments:")) and len(description.split()) >= 8

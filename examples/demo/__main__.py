@@ -12,7 +12,7 @@ from examples.demo import run_demo
 def run(args) -> int:
     try:
         run_demo(args.out, framework=args.framework, scales=tuple(args.scales), seed=args.seed, quick=args.quick,
-                 lr=args.lr, state_dtype=args.state_dtype)
+                 lr=args.lr, state_dtype=args.state_dtype, force=args.force)
     except ValueError as exc:  # bad options: plan_runs / Setup name the parameter and the fix
         print(f"python -m examples.demo: error: {exc}", file=sys.stderr)
         return 2
@@ -32,7 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=None, help="the baseline's lr (default 0.05; others scale it)")
     parser.add_argument("--state-dtype", choices=["bfloat16", "8bit"], default=None,
                         help="FusedSGD's momentum buffer in bf16 or 8-bit (default: fp32)")
-    parser.add_argument("--out", default="demo-results", help="output directory (default: demo-results)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default: demo-results/FRAMEWORK, demo-results/FRAMEWORK-quick)")
+    parser.add_argument("--force", action="store_true", help="replace the results an earlier run left in --out")
     return run(parser.parse_args(argv))
 
 
