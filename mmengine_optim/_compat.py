@@ -16,17 +16,25 @@ there, by name, instead of inside a training run.
   (``load_from``), as mmengine's own ``EMAHook`` tells them apart.
 * :func:`calling_runner`: the ``Runner`` whose ``train`` called an optim wrapper's
   ``initialize_count_status`` (mmengine gives an optim wrapper no handle on its runner).
+* :data:`amp_update_scale_`: torch's in-place dynamic loss scale update, the op
+  ``torch.amp.GradScaler.update`` runs (torch 2.13), for a scaler that never unscales.
 """
 
 from __future__ import annotations
 
 import sys
 
+import torch
 from mmengine.hooks import CheckpointHook
 from mmengine.optim import OptimWrapper
 from mmengine.runner import Runner
 
 MMENGINE_CHECKED = "0.10.7"
+TORCH_CHECKED = "2.13.0"
+
+# torch 2.13: ``_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+# growth_interval)`` updates ``scale`` and ``growth_tracker`` in place, as GradScaler.update does.
+amp_update_scale_ = torch._amp_update_scale_
 
 
 def accumulative_counts(wrapper: OptimWrapper) -> int:

@@ -85,3 +85,12 @@ def test_runner_train_calls_initialize_count_status_itself(tmp_path):
 def test_is_resuming_is_the_runners_resume_argument(tmp_path):
     assert _compat.is_resuming(runner(tmp_path / "a", resume=True)) is True, CHECKED
     assert _compat.is_resuming(runner(tmp_path / "b", load_from=None)) is False, CHECKED
+
+
+def test_amp_update_scale_backs_off_on_overflow_and_grows_after_the_interval():
+    scale, tracker = torch.tensor(8.0), torch.zeros((), dtype=torch.int32)
+    _compat.amp_update_scale_(scale, tracker, torch.tensor(1.0), 2.0, 0.5, 2)  # overflow: × backoff
+    assert (float(scale), int(tracker)) == (4.0, 0), f"(checked on torch {_compat.TORCH_CHECKED})"
+    for _ in range(2):  # two clean steps: × growth
+        _compat.amp_update_scale_(scale, tracker, torch.tensor(0.0), 2.0, 0.5, 2)
+    assert (float(scale), int(tracker)) == (8.0, 0), f"(checked on torch {_compat.TORCH_CHECKED})"
