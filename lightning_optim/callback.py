@@ -6,17 +6,16 @@ import math
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from typing_extensions import override
 
 from fused_optim import AdaScale
 from fused_optim.adascale import inner_optimizer
 from fused_optim.metrics import GAIN, LR, TAU
 
+from ._compat import hand_over_scheduler, is_handed_over
 from .lr_monitor import AppliedLrSeries
 from .wrapping import as_adascale
-
-# Step-interval schedulers the callback takes over get this interval: Lightning steps only
-# "step" and "epoch" schedulers, so from then on only the callback steps them (to ⌊τ⌋).
-SCALE_INVARIANT_INTERVAL = "scale_invariant_step"
 
 
 class AdaScaleCallback(Callback):
@@ -95,9 +94,10 @@ class AdaScaleCallback(Callback):
         self._lr_series: AppliedLrSeries | None = None
 
     # ---- setup -------------------------------------------------------------------------------
+    @override
     def on_fit_start(self, trainer, pl_module) -> None:
         strategy = trainer.strategy
-        if type(strategy).__name__.startswith(("DeepSpeed", "FSDP")):
+        if isinstance(strategy, (DeepSpeedStrategy, FSDPStrategy)):
             raise RuntimeError(f"AdaScaleCallback does not work with {type(strategy).__name__}: that strategy owns "
                                "the optimizer; use DDP (strategy='ddp' or 'adascale_ddp') or a single device")
         if not pl_module.automatic_optimization or len(strategy.optimizers) != 1:
@@ -111,8 +111,9 @@ class AdaScaleCallback(Callback):
         if self.follow_tau:
             for config in trainer.lr_scheduler_configs:
                 if config.interval == "step":
-                    config.interval = SCALE_INVARIANT_INTERVAL
+                    hand_over_scheduler(config)  # from now on only this callback steps it (to ⌊τ⌋)
 
+    @override
     def on_train_start(self, trainer, pl_module) -> None:
         opt = self._adascale(trainer)
         opt.zero_grad()  # a window restored from a checkpoint has lost its gradients: start afresh
@@ -121,6 +122,7 @@ class AdaScaleCallback(Callback):
         self._tau = opt.scale_invariant_steps
         self._lr_series.start(trainer)
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         opt, accumulate = self._adascale(trainer), _accumulation(trainer)
         if opt.num_gradients_to_accumulate != accumulate:
@@ -132,12 +134,13 @@ class AdaScaleCallback(Callback):
         restores them after the inner step), and it runs only for updates actually applied."""
         self._applied_lrs = [group["lr"] for group in optimizer.param_groups]
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         opt = self._adascale(trainer)
         tau, previous_tau = opt.scale_invariant_steps, self._tau
         self._tau = tau
         for config in trainer.lr_scheduler_configs:
-            if config.interval == SCALE_INVARIANT_INTERVAL:
+            if is_handed_over(config):
                 while config.scheduler.last_epoch < math.floor(tau):
                     pl_module.lr_scheduler_step(config.scheduler, None)
         if self.tau_target is not None:
@@ -155,6 +158,7 @@ class AdaScaleCallback(Callback):
                               batch_size=1)
         self._lr_series.log(pl_module, applied_lrs)
 
+    @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self._step_hook is not None:
             self._step_hook.remove()
@@ -162,9 +166,11 @@ class AdaScaleCallback(Callback):
             self._step_hook = self._lr_series = None
 
     # ---- checkpoints ---------------------------------------------------------------------------
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"scale_invariant_steps": self._tau, "tau_target": self.tau_target}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._restored_tau = float(state_dict["scale_invariant_steps"])
 

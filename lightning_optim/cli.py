@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 from torch.optim.lr_scheduler import ReduceLROnPlateau
+from typing_extensions import override
 
 
 class StepSchedulerCLI(LightningCLI):
@@ -23,6 +24,7 @@ class StepSchedulerCLI(LightningCLI):
     """
 
     @staticmethod
+    @override
     def configure_optimizers(lightning_module, optimizer, lr_scheduler=None) -> Any:
         if lr_scheduler is None or isinstance(lr_scheduler, ReduceLROnPlateau):
             return LightningCLI.configure_optimizers(lightning_module, optimizer, lr_scheduler)

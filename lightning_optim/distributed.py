@@ -13,12 +13,13 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+from typing_extensions import override
 
 from fused_optim.distributed import check_communicates, per_rank
 
+from ._compat import sync_module_states
 from .powersgd_state import PowerSGDKeeper
 from .strategy import GroupEndingDDPStrategy
 
@@ -62,9 +63,11 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
                          start_method=start_method, **extra)
 
     @property
+    @override
     def restore_checkpoint_after_setup(self) -> bool:
         return True  # after configure_ddp's broadcast, which would overwrite the other ranks' params
 
+    @override
     def setup_optimizers(self, trainer) -> None:
         """``DDPStrategy``'s, then refuses an optimizer that does not communicate: without a DDP
         wrapper, each rank would train its own model and nothing would say so."""
@@ -72,19 +75,23 @@ class OptimizerSyncedStrategy(GroupEndingDDPStrategy):
         for opt in self.optimizers:
             check_communicates(opt, "strategy 'centralized' / 'decentralized'", "strategy='ddp'")
 
+    @override
     def configure_ddp(self) -> None:
-        _sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper
+        sync_module_states(self.model)  # rank 0's params and buffers to every rank; no wrapper
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         gathered = per_rank.gather(checkpoint, RANK_KEYS)
         if self.is_global_zero:
             super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         return per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
                                 "devices × num_nodes")
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         for kind in ("centralized", "decentralized"):
             for name, start_method in ((kind, "popen"), (f"{kind}_spawn", "spawn")):
@@ -133,7 +140,11 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
         self.powersgd_keeper: PowerSGDKeeper | None = None
         self._resumed_hook_state: dict | None = None  # loaded before the hook exists: put in at registration
 
-    def _register_ddp_hooks(self) -> None:
+    @override
+    def configure_ddp(self) -> None:
+        """``DDPStrategy``'s wrapper, then torch's ``powerSGD_hook`` (through :class:`PowerSGDKeeper`)
+        registered on it, with a hook state restored from a checkpoint if one came first."""
+        super().configure_ddp()
         self.powersgd_state = PowerSGDState(process_group=None, **self.powersgd_options)
         self.powersgd_keeper = PowerSGDKeeper(self.powersgd_state, list(self.model.module.parameters()))
         self.model.register_comm_hook(self.powersgd_state, self.powersgd_keeper.hook)
@@ -141,12 +152,14 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
             self.powersgd_keeper.load_state_dict(self._resumed_hook_state, self.root_device)
             self._resumed_hook_state = None
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options=None) -> None:
         own = {} if self.powersgd_keeper is None else {HOOK_KEY: self.powersgd_keeper.state_dict()}
         gathered = per_rank.gather(own, (HOOK_KEY,))
         if self.is_global_zero:
             super().save_checkpoint({**checkpoint, per_rank.PER_RANK: gathered}, filepath, storage_options)
 
+    @override
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         checkpoint = per_rank.restore(super().load_checkpoint(checkpoint_path, weights_only), str(checkpoint_path),
                                       "devices × num_nodes")
@@ -158,6 +171,7 @@ class PowerSGDDDPStrategy(GroupEndingDDPStrategy):
         return checkpoint
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         for name, start_method in (("powersgd_ddp", "popen"), ("powersgd_ddp_spawn", "spawn")):
             strategy_registry.register(name, cls, description=f"DDP + torch's powerSGD_hook, start_method "

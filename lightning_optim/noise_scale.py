@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
+from typing_extensions import override
 
 from fused_optim import NoiseScale
 from fused_optim.adascale import GradientStatistics
@@ -63,6 +64,7 @@ class NoiseScaleCallback(Callback):
         self._monitors: list = []  # LearningRateMonitors naming the NoiseScale's series after its optimizer
         self._restored_accumulation: int | None = None  # from a checkpoint, for on_train_start
 
+    @override
     def on_fit_start(self, trainer, pl_module) -> None:
         if self.ramp is not None and any(isinstance(c, GradientAccumulationScheduler) for c in trainer.callbacks):
             raise RuntimeError("NoiseScaleCallback(max_accumulation=...) ramps trainer.accumulate_grad_batches itself: "
@@ -84,6 +86,7 @@ class NoiseScaleCallback(Callback):
                                    "devices") from None
             self._monitors = keep_names(trainer, strategy.optimizers[0], inner)
 
+    @override
     def on_train_start(self, trainer, pl_module) -> None:
         """(The dataloader exists from here on.)"""
         self._micro = self.micro_batch_size or _loader_batch_size(trainer)
@@ -95,6 +98,7 @@ class NoiseScaleCallback(Callback):
             trainer.accumulate_grad_batches = self._accumulation = self._restored_accumulation
             self._restored_accumulation = None
 
+    @override
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         """The ramp: a new count starts with the epoch, where Lightning's windows restart."""
         if self.ramp is None:
@@ -103,9 +107,11 @@ class NoiseScaleCallback(Callback):
         c = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, trainer.world_size, accumulate)
         trainer.accumulate_grad_batches = self._accumulation = c
 
+    @override
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         self._stats(trainer).set_window(trainer.world_size, _accumulation(trainer))
 
+    @override
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self._global_step:
             return  # the batch only accumulated
@@ -118,15 +124,18 @@ class NoiseScaleCallback(Callback):
                 pl_module.log(name, value, prog_bar=self.prog_bar and name == NOISE_SCALE, on_step=True,
                               on_epoch=False, batch_size=1)
 
+    @override
     def teardown(self, trainer, pl_module, stage: str) -> None:
         detach(self._monitors)
         self._monitors = []
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         if self.ramp is None or self._accumulation is None:
             return {}
         return {"accumulation": self._accumulation, "ramp": self.ramp.state_dict()}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.ramp is not None and state_dict:
             self.ramp.load_state_dict(state_dict["ramp"])

@@ -16,8 +16,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (PowerSGDState, _should_compress,
-                                                                       powerSGD_hook)
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+from ._compat import should_compress
 
 _COUNTERS = ("iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")
 
@@ -57,7 +58,7 @@ class PowerSGDKeeper:
             n = p.shape[0]
             m = p.numel() // n
             r = min(n, m, self.state.matrix_approximation_rank)
-            if _should_compress(n, m, r, self.state.min_compression_rate)[0]:
+            if should_compress(n, m, r, self.state.min_compression_rate)[0]:
                 groups.setdefault((n, m), []).append((i, m * r, n * r))
         return [entry for group in groups.values() for entry in group]
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 from lightning.pytorch.plugins.precision import HalfPrecision, MixedPrecision
+from typing_extensions import override
 
 
 class ScaledHalfPrecision(HalfPrecision, MixedPrecision):
@@ -38,6 +39,7 @@ class ScaledHalfPrecision(HalfPrecision, MixedPrecision):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.scaler = torch.amp.GradScaler(self.device, **scaler_kwargs)
 
+    @override
     def optimizer_step(self, optimizer, model, closure: Callable[[], Any], **kwargs: Any) -> Any:
         """MixedPrecision's scaler step, for an optimizer that unscales fp16 grads itself."""
         if not getattr(optimizer, "_step_supports_amp_scaling", False):

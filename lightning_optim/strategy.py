@@ -9,6 +9,7 @@ from typing import Any
 
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerStatus
+from typing_extensions import override
 
 from fused_optim.process_group import end_process_group
 
@@ -25,13 +26,15 @@ class GroupEndingDDPStrategy(DDPStrategy):
     another rank's old one, still up. After a failed run the group is left alone: ending it waits
     for every rank, which a failed run may never bring."""
 
+    @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
         atexit.unregister(end_process_group)  # once per process, however many runs
         atexit.register(end_process_group)
 
+    @override
     def teardown(self) -> None:
-        trainer = getattr(self.lightning_module, "_trainer", None)
+        trainer = _attached_trainer(self.lightning_module)
         super().teardown()
         if trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED:
             atexit.unregister(end_process_group)
@@ -62,16 +65,26 @@ class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
         self.adascale_kwargs = dict(scale=scale, smoothing=smoothing, is_scaled_loss=is_scaled_loss,
                                     debias_ewma=debias_ewma)
 
+    @override
     def setup_optimizers(self, trainer) -> None:
         super().setup_optimizers(trainer)  # configure_optimizers, schedulers checked against the raw optimizers
         self.optimizers = [as_adascale(opt, self.world_size, trainer.accumulate_grad_batches, **self.adascale_kwargs)
                            for opt in self.optimizers]
 
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         for name, start_method in (("adascale_ddp", "popen"), ("adascale_ddp_spawn", "spawn")):
             strategy_registry.register(name, cls, description=f"DDP + AdaScale, start_method '{start_method}'",
                                        start_method=start_method, override=True)
+
+
+def _attached_trainer(module):
+    """The Trainer ``module`` (a LightningModule, or None) is attached to, or None."""
+    try:
+        return None if module is None else module.trainer
+    except RuntimeError:  # "... is not attached to a `Trainer`"
+        return None
 
 
 AdaScaleDDPStrategy.register_strategies(StrategyRegistry)

@@ -8,13 +8,15 @@ No ``custom_imports`` is needed for scoped names::
     custom_hooks = [dict(type='mmengine_optim.NoiseScaleHook')]  # the gradient noise scale, logged
 
 Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mmengine_optim'])``
-(see :mod:`.optimizers` for the names left to other libraries). Train with
+(see :mod:`.optimizers` for the names left to others); an optimizer name that nothing holds
+raises a ``KeyError`` saying what to write (:mod:`.constructor`). Train with
 ``python -m mmengine_optim.train CONFIG``. The distributed optimizers (``mmengine_optim.CentralizedSGD``,
 ``PowerSGD``, …) train under ``model_wrapper_cfg=dict(type='mmengine_optim.OptimizerSyncedModel')``:
 see :mod:`.distributed`.
 """
 
 from .colossalai_wrapper import ColossalAIOptimWrapper
+from .constructor import OptimWrapperConstructor, register_constructor
 from .distributed import OptimizerSyncedModel, register_distributed
 from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
@@ -29,6 +31,7 @@ for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapp
         register(_registry, _obj)
 register_optimizers()
 register_distributed()
+register_constructor()
 
 __all__ = [
     "AdaScaleOptimWrapper",
@@ -39,6 +42,7 @@ __all__ = [
     "NoiseScaleHook",
     "OPTIMIZERS",
     "OPTIM_WRAPPERS",
+    "OptimWrapperConstructor",
     "OptimizerSyncedModel",
     "UpdateParamSchedulerHook",
     "WeightsOnlyCheckpointHook",

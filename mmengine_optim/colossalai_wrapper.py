@@ -7,7 +7,9 @@ takes the same arguments and is :class:`FusedOptimWrapper`: mmengine's accumulat
 ``no_sync``, plus the fused clipping and loss scaling as keyword options. A booster is ignored,
 with one warning. The seven optimizer names that wrapper lists (``CPUAdam``, ``FusedAdam``,
 ``FusedLAMB``, ``FusedSGD``, ``HybridAdam``, ``Lamb``, ``Lars``) are ours in the
-``mmengine_optim`` scope, with ColossalAI's signatures and defaults.
+``mmengine_optim`` scope, with ColossalAI's signatures and defaults. Where ColossalAI is not
+installed (mmengine's wrapper then cannot work), the bare name ``ColossalAIOptimWrapper`` is ours
+too; where it is, it stays mmengine's and ours is ``mmengine_optim.ColossalAIOptimWrapper``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from fused_optim.distributed import by_params
 
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.optim import OptimWrapperDict
+from typing_extensions import override
 
 from fused_optim.distributed import per_rank
 
@@ -89,18 +90,22 @@ class PerRankCheckpointHook(Hook):
         own = {"state_dict": model.state_dict(), "optimizer": runner.optim_wrapper.state_dict()}
         self._gathered = per_rank.gather(own, tuple(own))
 
+    @override
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         self._gather_if_saving(runner, lambda h: not h.by_epoch and (
             h.every_n_train_iters(runner, h.interval, h.save_begin) or (h.save_last and h.is_last_train_iter(runner))))
 
+    @override
     def after_train_epoch(self, runner) -> None:
         self._gather_if_saving(runner, lambda h: h.by_epoch and (
             h.every_n_epochs(runner, h.interval, h.save_begin) or (h.save_last and h.is_last_train_epoch(runner))))
 
+    @override
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         if self._gathered is not None:
             checkpoint[per_rank.PER_RANK], self._gathered = self._gathered, None
 
+    @override
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         per_rank.restore(checkpoint, "the checkpoint", "torchrun's nproc_per_node × nnodes")
 

@@ -10,6 +10,9 @@ import numpy as np
 import torch
 from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
 from mmengine.logging import HistoryBuffer
+from typing_extensions import override
+
+from ._compat import save_checkpoint_now, scheduler_steps
 
 
 class UpdateParamSchedulerHook(ParamSchedulerHook):
@@ -36,6 +39,7 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
             raise ValueError(f"Invalid max_scale_invariant_iters: {max_scale_invariant_iters!r} (a number > 0)")
         self.max_scale_invariant_iters = max_scale_invariant_iters
 
+    @override
     def before_train(self, runner) -> None:
         if self.max_scale_invariant_iters is not None and not hasattr(runner.optim_wrapper, "scale_invariant_iter"):
             raise ValueError(
@@ -43,6 +47,7 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
                 f"{type(runner.optim_wrapper).__name__} does not count: use "
                 "optim_wrapper=dict(type='mmengine_optim.AdaScaleOptimWrapper', ...), or stop by train_cfg.max_iters")
 
+    @override
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         if runner.param_schedulers is None:
             return
@@ -56,8 +61,8 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
             for scheduler in group:
                 if scheduler.by_epoch:
                     continue
-                target = math.floor(tau) if tau is not None else scheduler._global_step + 1
-                while scheduler._global_step < target:
+                target = math.floor(tau) if tau is not None else scheduler_steps(scheduler) + 1
+                while scheduler_steps(scheduler) < target:
                     scheduler.step()
         self._maybe_stop(runner)
 
@@ -99,7 +104,7 @@ def _save_now(runner) -> None:
     if hook is not None and not hook.by_epoch:
         if not (hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
                 or (hook.save_last and hook.is_last_train_iter(runner))):
-            hook._save_checkpoint(runner)
+            save_checkpoint_now(hook, runner)
         return
     runner.save_checkpoint(runner.work_dir, f"iter_{runner.iter + 1}.pth")
 
@@ -120,6 +125,7 @@ class WeightsOnlyCheckpointHook(Hook):
 
     _KEYS = frozenset({"log_history", "count_history", "max_length"})
 
+    @override
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         hub = checkpoint.get("message_hub")
         if hub:
@@ -129,6 +135,7 @@ class WeightsOnlyCheckpointHook(Hook):
                 key: value.item() if isinstance(value, np.generic) else value  # e.g. the eta
                 for key, value in hub.get("runtime_info", {}).items()}}
 
+    @override
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         hub = checkpoint.get("message_hub")
         if hub and "log_scalars" in hub:
@@ -137,8 +144,9 @@ class WeightsOnlyCheckpointHook(Hook):
 
     @staticmethod
     def _plain(buf: HistoryBuffer) -> dict:
-        return {"log_history": torch.from_numpy(buf._log_history.copy()),
-                "count_history": torch.from_numpy(buf._count_history.copy()), "max_length": buf.max_length}
+        log_history, count_history = buf.data
+        return {"log_history": torch.from_numpy(log_history.copy()),
+                "count_history": torch.from_numpy(count_history.copy()), "max_length": buf.max_length}
 
     @staticmethod
     def _buffer(plain: dict) -> HistoryBuffer:

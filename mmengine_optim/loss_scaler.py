@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._compat import amp_update_scale_
+
 
 class LossScaler:
     r"""Static or dynamic loss scale s.
@@ -66,7 +68,7 @@ class LossScaler:
     def update(self, found_inf: Tensor) -> None:
         """After a step; ``found_inf`` (0-dim, nonzero on overflow) from this step's grads."""
         if self.dynamic:
-            torch._amp_update_scale_(self._scale, self._growth_tracker, found_inf.to(self._scale),
+            amp_update_scale_(self._scale, self._growth_tracker, found_inf.to(self._scale),
                                      self.growth_factor, self.backoff_factor, self.growth_interval)
 
     def state_dict(self) -> dict:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapperDict
+from typing_extensions import override
 
 from fused_optim import NoiseScale
 from fused_optim.adascale import GradientStatistics
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
+from ._compat import accumulative_counts, is_resuming, set_accumulative_counts
 
 RAMP_KEY = "noise_scale_ramp"  # the checkpoint entry of the ramp's state
 
@@ -54,6 +56,7 @@ class NoiseScaleHook(Hook):
         self._micro: int | None = None
         self._target: int | None = None  # the ramp's next count, until an update boundary fits it
 
+    @override
     def before_train(self, runner) -> None:
         wrapper = runner.optim_wrapper
         if isinstance(wrapper, OptimWrapperDict):
@@ -65,12 +68,13 @@ class NoiseScaleHook(Hook):
         if not isinstance(wrapper.optimizer, GradientStatistics):
             try:
                 wrapper.optimizer = NoiseScale(wrapper.optimizer, self._micro,
-                                               num_gradients_to_accumulate=wrapper._accumulative_counts,
+                                               num_gradients_to_accumulate=accumulative_counts(wrapper),
                                                **self.noise_kwargs)
             except RuntimeError as err:
                 raise RuntimeError(f"{err}. In mmengine: optim_wrapper=dict(accumulative_counts=4, ...), or more "
                                    "ranks") from None
 
+    @override
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         wrapper = runner.optim_wrapper
         if not wrapper.should_update():  # the iteration only accumulated
@@ -82,33 +86,36 @@ class NoiseScaleHook(Hook):
         if self.ramp is None:
             return
         self.ramp.count_window()
-        c = wrapper._accumulative_counts
+        c = accumulative_counts(wrapper)
         target = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, stats.world_size, c)
         self._target = target if target != c else self._target
-        if self._target is not None and wrapper._inner_count % self._target == 0:
-            self._set_accumulation(wrapper, stats, self._target)
+        if self._target is not None and wrapper.inner_count % self._target == 0:
+            self._set_accumulation(runner, stats, self._target)
             self._target = None
 
+    @override
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         if self.ramp is not None:
-            checkpoint[RAMP_KEY] = {"accumulation": runner.optim_wrapper._accumulative_counts,
+            checkpoint[RAMP_KEY] = {"accumulation": accumulative_counts(runner.optim_wrapper),
                                     "target": self._target, "ramp": self.ramp.state_dict()}
 
+    @override
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         """On resume (not ``load_from``, as mmengine's EMAHook), before mmengine counts the resumed
         iterations in windows of the wrapper's count (``initialize_count_status``), set here; the
         statistics' count comes with the optimizer state (AdaScale) or from it (``before_train``)."""
         saved = checkpoint.get(RAMP_KEY)
-        if self.ramp is None or saved is None or not runner._resume:
+        if self.ramp is None or saved is None or not is_resuming(runner):
             return
         self.ramp.load_state_dict(saved["ramp"])
         self._target = saved["target"]
-        runner.optim_wrapper._accumulative_counts = int(saved["accumulation"])
+        set_accumulative_counts(runner.optim_wrapper, int(saved["accumulation"]))
 
     @staticmethod
-    def _set_accumulation(wrapper, stats: GradientStatistics, c: int) -> None:
-        """mmengine's count (and the short last window it derives from it) and the statistics'."""
-        wrapper._accumulative_counts = c
-        if wrapper._max_counts != -1:
-            wrapper._remainder_counts = wrapper._max_counts % c
+    def _set_accumulation(runner, stats: GradientStatistics, c: int) -> None:
+        """mmengine's count (and, through ``initialize_count_status`` at the current iteration, the
+        short last window it derives from it) and the statistics'."""
+        wrapper = runner.optim_wrapper
+        set_accumulative_counts(wrapper, c)
+        wrapper.initialize_count_status(runner.model, wrapper.inner_count, runner.train_loop.max_iters)
         stats.set_window(stats.world_size, c)

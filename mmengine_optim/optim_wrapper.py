@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import logging
 import numbers
-import sys
 from contextlib import contextmanager
 
 import torch
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
-from mmengine.runner import Runner
+from typing_extensions import override
 
 from fused_optim import AdaScale, multi_tensor_l2norm
 from fused_optim.metrics import GAIN, LR, TAU
 
+from ._compat import calling_runner
 from .hooks import warn_if_schedules_count_micro_batches
 from .loss_scaler import LossScaler
 
@@ -73,6 +73,7 @@ class FusedOptimWrapper(OptimWrapper):
             )
 
     @contextmanager
+    @override
     def optim_context(self, model: torch.nn.Module):
         """mmengine's (``no_sync`` inside a window) plus autocast to ``dtype`` when set."""
         with super().optim_context(model):
@@ -83,18 +84,16 @@ class FusedOptimWrapper(OptimWrapper):
                 with torch.autocast(device.type, dtype=self.cast_dtype):
                     yield
 
+    @override
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
-        if self.loss_scaler is not None:
-            loss = self.loss_scaler.scale(loss)
-        loss.backward(**kwargs)
-        self._inner_count += 1
+        """mmengine's, on the loss times the loss scale (when there is one)."""
+        super().backward(loss if self.loss_scaler is None else self.loss_scaler.scale(loss), **kwargs)
 
+    @override
     def step(self, **kwargs) -> None:
         """Clip and unscale inside the optimizer's step (see the class docstring)."""
         if not self._clip_norm and self.loss_scaler is None:
-            if self.clip_grad_kwargs:  # by value, without a loss scale: mmengine's own
-                self._clip_grad()
-            self.optimizer.step(**kwargs)
+            super().step(**kwargs)  # mmengine's: clipping by value (if asked), then the optimizer's step
             return
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
@@ -136,12 +135,14 @@ class FusedOptimWrapper(OptimWrapper):
         print_log(f"FusedOptimWrapper: the gradient norm is {float(norm)}; this update is skipped",
                   logger="current", level=logging.WARNING)
 
+    @override
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.loss_scaler is not None:
             state["loss_scaler"] = self.loss_scaler.state_dict()
         return state
 
+    @override
     def load_state_dict(self, state_dict: dict) -> None:
         """The optimizer's state (torch checks it before loading), then the loss scaler's: a state
         that does not fit raises before either changes."""
@@ -202,6 +203,7 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
         """The current global gain estimate."""
         return self.optimizer.gain()
 
+    @override
     def step(self, **kwargs) -> None:
         tau = self.scale_invariant_iter
         super().step(**kwargs)
@@ -211,18 +213,21 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
                                 (LR, self.optimizer.param_groups[0]["lr"] * gain)):
                 self.message_hub.update_scalar(f"train/{name}", value)
 
+    @override
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         self.optimizer.zero_grad()  # the saved window's grads are not in the checkpoint
 
+    @override
     def initialize_count_status(self, model: torch.nn.Module, init_counts: int, max_counts: int) -> None:
         """mmengine's; called by ``Runner.train`` once its hooks and schedulers are built. An optim
-        wrapper gets no handle on the runner, so the caller's frame gives it, to check the
-        scheduler hook (:func:`~mmengine_optim.hooks.warn_if_schedules_count_micro_batches`)."""
+        wrapper gets no handle on the runner (:func:`~mmengine_optim._compat.calling_runner` finds
+        it), which the scheduler hook check needs
+        (:func:`~mmengine_optim.hooks.warn_if_schedules_count_micro_batches`)."""
         super().initialize_count_status(model, init_counts, max_counts)
-        caller = sys._getframe(1).f_locals.get("self")
-        if isinstance(caller, Runner):
-            warn_if_schedules_count_micro_batches(caller)
+        runner = calling_runner()
+        if runner is not None:
+            warn_if_schedules_count_micro_batches(runner)
 
 
 def _check_norm_clip(kwargs: dict) -> None:

@@ -7,8 +7,10 @@ registry under its entry name (``adamw``, ``nvlamb``, …: the class with the en
 After ``custom_imports=dict(imports=['mmengine_optim'])`` the names work bare too: they are added
 to mmengine's root registry, except where the name is already taken (another library's
 ``FusedSGD`` stays, and that is logged once; ours is still ``mmengine_optim.FusedSGD``) or is one
-that mmengine's ``DeepSpeedStrategy`` registers later without ``force`` (our taking it would make
-that strategy raise ``KeyError``): bare ``FusedAdam`` is DeepSpeed's, bare ``fused_adam`` ours.
+that mmengine's ``DeepSpeedStrategy`` registers later without ``force`` where DeepSpeed is
+installed (our taking it would make that strategy raise ``KeyError``): there bare ``FusedAdam``
+is DeepSpeed's (a config naming it without that strategy gets a ``KeyError`` saying to write
+``mmengine_optim.FusedAdam``), elsewhere ours.
 Registering is idempotent: :func:`register_optimizers` runs at import and may run again after a
 new core entry.
 """
@@ -34,6 +36,7 @@ def _entry_factory(spec: OptimizerSpec):
         return create_optimizer(spec.name, params, **kwargs)
 
     factory.__name__ = factory.__qualname__ = factory.entry = spec.name
+    del factory.__wrapped__  # its signature is its own: mmengine fills the first parameter, ``params``
     return factory
 
 

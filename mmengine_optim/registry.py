@@ -9,13 +9,21 @@ also registered bare in the root where that is free (see :func:`register_bare`).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+
+import mmengine.runner  # noqa: F401  (imports mmengine's strategies, which register their names first)
 from mmengine import registry as _root
 from mmengine.logging import print_log
 
 SCOPE = "mmengine_optim"
 
-# Registered into mmengine's root OPTIMIZERS by DeepSpeedStrategy.__init__ without force=True.
+# Registered into mmengine's root OPTIMIZERS by DeepSpeedStrategy.__init__ without force=True,
+# where DeepSpeed is installed.
 DEEPSPEED_NAMES = frozenset({"DeepSpeedCPUAdam", "FusedAdam", "FusedLamb", "OnebitAdam", "OnebitLamb", "ZeroOneAdam"})
+# mmengine's own entries that cannot work without a package (the one imported here); where that is
+# missing, ours take the bare name.
+NEEDS = {(_root.OPTIM_WRAPPERS.name, "ColossalAIOptimWrapper"): "colossalai.booster"}
 _reported: set[str] = set()  # bare names held by another library, logged once
 
 
@@ -45,13 +53,14 @@ MODEL_WRAPPERS = _child(_root.MODEL_WRAPPERS)
 def register_bare(child: _root.Registry, name: str, obj) -> None:
     """Also register ``obj`` under its bare ``name`` in ``child``'s root registry (for configs that
     use ``custom_imports``), unless the name is taken — by another library (logged once; ours
-    stays reachable as ``mmengine_optim.<name>``) — or is claimed later by DeepSpeedStrategy."""
+    stays reachable as ``mmengine_optim.<name>``) — or is claimed later by DeepSpeedStrategy. A
+    name held by an mmengine class that cannot work here (:data:`NEEDS`) becomes ours."""
     root = child.parent
-    if root is _root.OPTIMIZERS and name in DEEPSPEED_NAMES:
+    if root is _root.OPTIMIZERS and name in DEEPSPEED_NAMES and deepspeed_installed():
         return
     taken = root.module_dict.get(name)
-    if taken is None:
-        root.register_module(name=name, module=obj)
+    if taken is None or (taken is not obj and _cannot_work(root, name, taken)):
+        root.register_module(name=name, module=obj, force=True)
     elif getattr(taken, "entry", taken) != getattr(obj, "entry", obj) and (root.name, name) not in _reported:
         _reported.add((root.name, name))
         print_log(f"{SCOPE}: the bare {root.name} name {name!r} belongs to {taken.__module__}.{taken.__qualname__}; "
@@ -63,3 +72,21 @@ def register(child: _root.Registry, obj, name: str | None = None) -> None:
     name = name or obj.__name__
     child.register_module(name=name, module=obj, force=True)
     register_bare(child, name, obj)
+
+
+def deepspeed_installed() -> bool:
+    """Whether mmengine's DeepSpeedStrategy can register DeepSpeed's optimizers (it imports
+    ``deepspeed``, and registers nothing where that fails)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _cannot_work(root: _root.Registry, name: str, taken) -> bool:
+    """Whether ``taken``, mmengine's own entry ``name``, needs a package that does not import here."""
+    needed = NEEDS.get((root.name, name))
+    if needed is None or not getattr(taken, "__module__", "").startswith("mmengine."):
+        return False
+    try:
+        importlib.import_module(needed)
+    except Exception:  # mmengine's own test: any failure leaves the class without its package
+        return True
+    return False
