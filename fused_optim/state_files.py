@@ -18,17 +18,17 @@ run offloads the same params.
 
 Faults and other users. The folder is made by ``mkdtemp`` (0o700, ours), checked before use, and
 refused (``ValueError`` naming ``nvme_offload_dir``) when a folder above it lets others rename it
-(writable by group or others without the sticky bit, or another user's: :func:`parents_problem`).
+(writable by group or others without the sticky bit, or another user's: ``parents_problem``).
 Each file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file or a planted
 symlink) and its blocks reserved (``posix_fallocate``), so a full disk is an ``OSError`` naming the
-file when it is made, not a SIGBUS when a page is first written. Before each step, a file whose
-size or inode changed since (truncated, replaced, deleted) is an ``OSError`` naming it, not a
-SIGBUS. Each folder holds a ``LOCK`` file flock'ed while its
-optimizer lives: a folder whose lock nobody holds was left by a process that died (SIGKILL) and is
-removed by the next ``StateFiles`` made in the same place. On SIGTERM, where no handler of the
-program's own is installed, the folders are removed before the process ends as SIGTERM ends it;
-a program's own handler is left alone (it decides whether the process ends, and an exit removes
-the folders as any ending of the interpreter does).
+file when it is made (the param's first step), not a SIGBUS when a page is first written. Before
+each step, a file whose size or inode changed (truncated, replaced, deleted) is an ``OSError``
+naming it, not a SIGBUS. Each folder holds a ``LOCK`` file flock'ed while its optimizer lives: a
+folder whose lock nobody holds was left by a process that died (SIGKILL) and is removed by the
+next ``StateFiles`` made in the same place. On SIGTERM, where the program installed no handler of
+its own, the folders are removed, then the process ends as SIGTERM ends it; a program's own
+handler is left alone (it decides whether the process goes on, and its exit removes the folders
+as any ending of the interpreter does).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import math
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import weakref
@@ -108,7 +109,10 @@ class StateFiles:
                 continue
             if getattr(value.untyped_storage(), "filename", None) == path:
                 continue
-            self._create(path, value.numel() * value.element_size())
+            if path in self._files:  # a loaded state's values (same param: same size) go into our file
+                self._check(path)
+            else:
+                self._create(path, value.numel() * value.element_size())
             mapped = torch.from_file(path, shared=True, size=value.numel(), dtype=value.dtype).view_as(value)
             state[key] = mapped.copy_(value)
 
@@ -163,20 +167,22 @@ def _make_folder(directory: str | Path | None) -> tuple[Path, int]:
     def refuse(why: str) -> ValueError:
         return ValueError(f"Invalid nvme_offload_dir value: {str(directory)!r}: {why}")
 
+    def unsafe(problem: str) -> ValueError:
+        return refuse(f"{problem}, so another user could redirect the optimizer state's writes; give a folder "
+                      "only you can write (or one with the sticky bit, such as /tmp)")
+
     try:
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
+        problem = parents_problem(Path(os.path.realpath(directory or tempfile.gettempdir())) / PREFIX)
+        if problem is not None:
+            raise unsafe(problem)
         folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=directory))
     except OSError as e:
         raise refuse(f"cannot create a folder there ({e.strerror}); give a writable folder") from None
     st = os.lstat(folder)
-    problem = parents_problem(Path(os.path.realpath(folder)))
-    if problem is None and (st.st_uid != os.geteuid() or st.st_mode & 0o777 != 0o700):
-        problem = f"{folder} is not a folder of ours with mode 0700"
-    if problem is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise refuse(f"{problem}, so another user could redirect the optimizer state's writes; give a folder "
-                     "only you can write (or one with the sticky bit, such as /tmp)")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o777 != 0o700:
+        raise unsafe(f"{folder} is not a folder of ours with mode 0700")
     lock = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     fcntl.flock(lock, fcntl.LOCK_EX)
     os.write(lock, f"pid {os.getpid()}\n".encode())

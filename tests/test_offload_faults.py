@@ -3,6 +3,7 @@ filesystem, a file truncated mid-training, a planted symlink, an offload folder 
 folders left by a killed process, and SIGTERM. Every fault that could end in SIGBUS runs in a
 subprocess, so a regression fails the test instead of killing pytest."""
 
+import copy
 import os
 import signal
 import subprocess
@@ -143,3 +144,27 @@ print("SEEN", len(seen), os.path.isdir(opt.state_files.directory))
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SEEN 1 True" in out.stdout
+
+
+def test_a_state_loaded_into_a_running_optimizer_goes_into_its_files_again(tmp_path):
+    """The loaded values replace the mapped tensors; at the next step they go back into the same
+    files, and the steps go on as they do in memory."""
+    p, opt = offloaded(tmp_path)
+    opt.step()
+    saved = opt.state_dict()
+    q = torch.nn.Parameter(p.detach().clone())
+    q.grad = torch.ones(1000)
+    twin = fused_optim.CPUAdam([q], lr=0.1)
+    reloaded = fused_optim.CPUAdam([p], lr=0.1, nvme_offload_fraction=1.0, nvme_offload_dir=str(tmp_path))
+    for o in (reloaded, twin):
+        o.load_state_dict(copy.deepcopy(saved))  # (load_state_dict keeps the tensors it is given)
+    reloaded.step()
+    files = reloaded.state_files.files_of(p)
+    reloaded.load_state_dict(copy.deepcopy(reloaded.state_dict()))  # into the optimizer whose files hold it
+    reloaded.step()
+    twin.step()
+    twin.step()
+    assert torch.equal(p, q)
+    for key, path in zip(("exp_avg", "exp_avg_sq"), files):
+        assert torch.equal(reloaded.state[p][key], twin.state[q][key])
+        assert reloaded.state[p][key].untyped_storage().filename == str(path)
