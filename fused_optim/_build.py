@@ -419,7 +419,8 @@ def _load_library(lib: _Library) -> None:
         start = time.perf_counter()
         name = lib.name()
         directory = extension_directory(name)
-        umask = os.umask(0o022)  # what the build writes is writable by us only (see check_private)
+        umask = os.umask(0o022)
+        os.umask(umask | 0o022)  # what the build writes is writable by us only (see cache_problem)
         try:
             try:
                 make_private_directory(directory)
@@ -492,7 +493,7 @@ def _progress(directory: Path, units: int):
     done = threading.Event()
 
     def compiled() -> int:
-        return sum(1 for p in directory.glob("*.o") if p.stat().st_mtime_ns >= start_ns)
+        return sum(1 for p in directory.glob("*.o") if (st := _lstat(p)) is not None and st.st_mtime_ns >= start_ns)
 
     def watch() -> None:
         reported, last = 0, start

@@ -4,11 +4,9 @@ folders left by a killed process, and SIGTERM. Every fault that could end in SIG
 subprocess, so a regression fails the test instead of killing pytest."""
 
 import copy
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
