@@ -15,41 +15,53 @@ use of ``fused_optim.testing.emulated_cuda``); its ops take CPU tensors.
 
 Cache key. The extension name, and with it the build directory, carries a CPU-ISA tag and the
 torch version (CPU; a ``-march=native`` build made on one CPU, or for one torch, is never loaded
-on another), or the torch and CUDA versions (CUDA), and a hash of the sources' content, the compiler
-flags and the headers' location (:func:`content_tag`); for CUDA, the flags include the GPU
-architectures compiled for (:func:`cuda_archs`), so a build for other GPUs is never loaded. ninja
-compiles copies of the sources staged in the build directory (:func:`stage_sources`), each
-rewritten only when its content differs. So a reinstall that rewrites identical sources (new
-mtimes) loads the cached build, editing a source builds anew under a new name, and source trees
-with the same content share one build.
+on another), or the torch and CUDA versions (CUDA), and a hash of what determines the binary
+(:func:`content_tag`): the sources' content, the compiler flags, and the toolchain
+(:func:`toolchain`: torch's full version and commit, the Python ABI, the compilers' ``--version``);
+for CUDA, the flags include the GPU architectures compiled for (:func:`cuda_archs`), so a build
+for other GPUs is never loaded. Install locations do not count: two venvs with the same torch and
+sources share one build, and another compiler (``CXX``) builds beside the first one's build
+instead of over it. ninja compiles copies of the sources staged in the build directory
+(:func:`stage_sources`), each rewritten only when its content differs.
 
 Integrity. After a successful build and load, a manifest (``MANIFEST``) records the size and
 SHA-256 of each build output (the library and the objects). Before each build or load, every
 output the manifest does not vouch for (truncated or zeroed on disk, left by a killed build, or
-no manifest at all) is deleted, so ninja remakes it: a damaged library is never loaded (loading
-one can kill the process with SIGBUS, and ninja, going by mtimes, would not rebuild it). A
-failed rebuild raises :class:`BuildError`, which ``fused=None`` turns into one warning and the
+no manifest at all) is deleted. A library the manifest vouches for is loaded as it is (no
+compiler, no ninja, whichever installation's headers: a cached load is the same in every venv);
+anything else is built (ninja, going by mtimes, would not rebuild a damaged output: it is gone).
+A failed build raises :class:`BuildError`, which ``fused=None`` turns into one warning and the
 reference implementation.
 
-Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` in its
-build directory; the kernel releases it when its holder dies. A process that waits for it longer
-than a cached load takes (``QUIET_WAIT_SECONDS``) says whose build it waits for. Where
-cpp_extension's own lock file (``CPP_EXTENSION_LOCK``) blocks by existing (a ``FileBaton``, up to
-torch 2.13), a killed build never removes it and every later process would wait forever; found
-while holding the flock, it can only be such a leftover, so it is removed. Newer torch flocks that
-file instead (it stays after every build and blocks nobody once its holder is gone): it is left.
+Safety. Loading runs the library's code, and a build runs ``build.ninja``'s commands: before
+either, :func:`cache_problem` checks, as ssh's StrictModes does, that nobody else can write in the
+build directory or above it (owners, modes, symlinks), and a build directory that fails is refused
+with a :class:`BuildError` saying what to fix. Folders we create are 0o755 and a build runs under
+umask 0o022, so what we build passes the check.
 
-Messages: one line on stderr each when a build starts (what, where, that it is one-time), when
-waiting for another process's build, and when removing a stale lock; a cached load prints
-nothing. stderr rather than ``warnings`` or ``logging``: these report progress, not a problem, and
-must be seen by default — a warnings filter (``-W error``, pytest's) could hide them or turn them
-into exceptions, and an unconfigured logger drops INFO.
+Locking. Builds and loads of one extension are serialized by an ``flock`` on ``LOCK`` (mode
+0o600, opened without following a symlink) in its build directory; the kernel releases it when
+its holder dies. A process that waits for it longer than a cached load takes
+(``QUIET_WAIT_SECONDS``) says whose build it waits for. Where cpp_extension's own lock file
+(``CPP_EXTENSION_LOCK``) blocks by existing (a ``FileBaton``, up to torch 2.13), a killed build
+never removes it and every later process would wait forever; found while holding the flock, it
+can only be such a leftover, so it is removed. Newer torch flocks that file instead (it stays
+after every build and blocks nobody once its holder is gone): it is left.
+
+Messages: one line on stderr when any build starts (what, where, that it is one-time), then its
+progress (units compiled of all, time elapsed: when a unit is done, and every
+``PROGRESS_SECONDS``) and its time; one line when waiting for another process's build, and when
+removing a stale lock; a cached load prints nothing. stderr rather than ``warnings`` or
+``logging``: these report progress, not a problem, and must be seen by default — a warnings
+filter (``-W error``, pytest's) could hide them or turn them into exceptions, and an unconfigured
+logger drops INFO.
 
 A build directory that cannot be created, locked or written (a read-only or invalid
 ``TORCH_EXTENSIONS_DIR``) raises :class:`BuildError` naming the directory and the fix.
 
 Environment:
     TORCH_EXTENSIONS_DIR         where builds are cached (torch's default: ~/.cache/torch_extensions)
+    CXX                          the host compiler (cpp_extension's default: c++); part of the cache key
     FUSED_OPTIM_VERBOSE_BUILD=1  print the compiler commands and output
     TORCH_CUDA_ARCH_LIST         the GPU architectures of the CUDA build (default: the visible GPUs')
     CUDA_HOME                    the CUDA toolkit (cpp_extension's default: nvcc's grandparent folder)
@@ -62,12 +74,17 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import socket
+import stat
+import subprocess
 import sys
 import sysconfig
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -165,16 +182,43 @@ def source_files(kind: str) -> list[Path]:
 
 
 def content_tag(kind: str, flags: list[str]) -> str:
-    """A short hash of what a build compiles and how: the relative paths and bytes of
-    :func:`source_files`, ``flags``, and where the torch and Python headers are (two installations,
-    e.g. two venvs, share no build, so neither recompiles the other's). Mtimes do not count."""
+    """A short hash of what determines a build's binary: the relative paths and bytes of
+    :func:`source_files`, ``flags`` and :func:`toolchain`. Mtimes and install locations do not
+    count, so two installations (e.g. two venvs) of the same torch and sources share one build."""
     digest = hashlib.sha256()
     for rel in source_files(kind):
         data = (CSRC / rel).read_bytes()
         digest.update(f"{rel.as_posix()}\0{len(data)}\0".encode() + data)
-    headers = [str(Path(torch.__file__).parent), sysconfig.get_path("include") or ""]
-    digest.update("\0".join([*flags, "|", *headers]).encode())
+    digest.update("\0".join([*flags, "|", *toolchain(kind)]).encode())
     return digest.hexdigest()[:8]
+
+
+def toolchain(kind: str) -> list[str]:
+    """What a build of ``kind`` compiles with, besides the sources and flags: torch's full version
+    and the commit it was built from (its headers are those of that build of torch), the Python
+    ABI (cpp_extension puts Python's headers on the include path), and the compilers' identity
+    (``--version``: the host compiler cpp_extension runs, ``$CXX`` or ``c++``, and nvcc for
+    CUDA), so changing the compiler builds anew, beside the other compiler's build."""
+    from torch.utils import cpp_extension
+
+    parts = [torch.__version__, str(torch.version.git_version), sysconfig.get_config_var("SOABI") or sys.version,
+             compiler_identity(cpp_extension.get_cxx_compiler())]
+    if kind == "cuda":
+        parts.append(compiler_identity(os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")))
+    return parts
+
+
+COMPILER_QUERY_SECONDS = 60  # `--version` answers in milliseconds; a compiler that hangs is not waited for
+
+
+@lru_cache(maxsize=None)
+def compiler_identity(compiler: str) -> str:
+    """``compiler --version``'s output (its name, vendor and version), or why there is none."""
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=COMPILER_QUERY_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{compiler}: {type(exc).__name__}"
+    return out.stdout.strip() if out.returncode == 0 else f"{compiler}: exit {out.returncode}"
 
 
 def _torch_version() -> str:
@@ -374,14 +418,19 @@ def _load_library(lib: _Library) -> None:
             raise BuildError(lib.error)
         start = time.perf_counter()
         name = lib.name()
+        directory = extension_directory(name)
+        umask = os.umask(0o022)
+        os.umask(umask | 0o022)  # what the build writes is writable by us only (see cache_problem)
         try:
-            directory = Path(build_directory(name))
-            lock = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:  # TORCH_EXTENSIONS_DIR read-only, under a file, ...
-            lib.error = unusable_directory_message(exc)
-            raise BuildError(lib.error) from exc
-        try:
-            _build_and_load(lib, name, directory, lock)
+            try:
+                make_private_directory(directory)
+                lock = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:  # TORCH_EXTENSIONS_DIR read-only, under a file, ...
+                raise BuildError(unusable_directory_message(exc)) from exc
+            try:
+                _build_and_load(lib, name, directory, lock)
+            finally:
+                os.close(lock)  # releases the flock
         except BuildError as exc:
             lib.error = str(exc)
             raise
@@ -396,31 +445,91 @@ def _load_library(lib: _Library) -> None:
             )
             raise BuildError(lib.error) from exc
         finally:
-            os.close(lock)  # releases the flock
+            os.umask(umask)
         lib.seconds = time.perf_counter() - start
         lib.loaded = True
 
 
 def _build_and_load(lib: _Library, name: str, directory: Path, lock: int) -> None:
-    """Under the flock on ``lock``: stage the sources, clear a stale cpp_extension lock, delete
-    unverified outputs, build what is missing (announcing it), load, record the manifest."""
+    """Under the flock on ``lock``: clear a stale cpp_extension lock, delete unverified outputs;
+    load the library when the manifest vouches for it (no compiler, no ninja), else stage the
+    sources and build (announced, with progress), load, record the manifest."""
     from torch.utils import cpp_extension
 
     try:
         _lock_exclusively(lock, f"{lib.kind} kernels in {directory}")
-        args = lib.build_args(directory)
         _remove_stale_cpp_extension_lock(directory)
         damaged = remove_unverified_outputs(directory, name)
     except OSError as exc:
         raise BuildError(unusable_directory_message(exc)) from exc
+    if manifest_vouches_for_library(directory, name):
+        torch.ops.load_library(str(library_path(directory, name)))
+        return
     if damaged:
         _say(f"rebuilding the {lib.kind} kernels in {directory}: the cached {', '.join(damaged)} failed its "
              "integrity check")
-    elif not manifest_vouches_for_all(directory):
+    else:
         _say(f"building the {lib.kind} kernels (a one-time step of a minute or more; later runs load the cached "
              f"build) in {directory}")
-    cpp_extension.load(name=name, build_directory=str(directory), is_python_module=False, verbose=verbose(), **args)
+    try:
+        args = lib.build_args(directory)
+    except OSError as exc:
+        raise BuildError(unusable_directory_message(exc)) from exc
+    with _ninja_on_path(), _progress(directory, len(args["sources"])):
+        cpp_extension.load(name=name, build_directory=str(directory), is_python_module=False, verbose=verbose(),
+                           **args)
     write_manifest(directory, name)
+
+
+PROGRESS_SECONDS = 30.0  # while no unit completes, a progress line this often
+
+
+@contextmanager
+def _progress(directory: Path, units: int):
+    """While a build runs: a line each time a unit's object is written, and every
+    ``PROGRESS_SECONDS`` without one, with the units compiled so far, their count and the time
+    elapsed; at the end, the build's time."""
+    start, start_ns = time.monotonic(), time.time_ns()
+    done = threading.Event()
+
+    def compiled() -> int:
+        return sum(1 for p in directory.glob("*.o") if (st := _lstat(p)) is not None and st.st_mtime_ns >= start_ns)
+
+    def watch() -> None:
+        reported, last = 0, start
+        while not done.wait(0.5):
+            count, now = compiled(), time.monotonic()
+            if count != reported or now - last >= PROGRESS_SECONDS:
+                _say(f"compiled {count} of {units} units ({now - start:.0f} s)")
+                reported, last = count, now
+
+    watcher = threading.Thread(target=watch, name="fused_optim build progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    _say(f"built in {time.monotonic() - start:.0f} s")
+
+
+@contextmanager
+def _ninja_on_path():
+    """cpp_extension runs ``ninja`` from PATH; where there is none there, the one installed next to
+    this Python (a venv's, used without activating the venv) is put first on PATH for the build."""
+    beside = Path(sys.executable).parent
+    if shutil.which("ninja") is not None or shutil.which("ninja", path=str(beside)) is None:
+        yield
+        return
+    path = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join(p for p in (str(beside), path) if p)
+    try:
+        yield
+    finally:
+        if path is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = path
 
 
 def _try_flock(fd: int) -> bool:
@@ -516,6 +625,12 @@ def manifest_vouches_for_all(directory: Path) -> bool:
     return bool(recorded) and all((directory / name).is_file() for name in recorded)
 
 
+def manifest_vouches_for_library(directory: Path, name: str) -> bool:
+    """:func:`manifest_vouches_for_all`, and the manifest lists the library of ``name``: a build
+    that loads without compiling or linking anything."""
+    return manifest_vouches_for_all(directory) and library_path(directory, name).name in _read_manifest(directory)
+
+
 def unusable_directory_message(exc: OSError) -> str:
     """The BuildError text for a build directory that cannot be created, locked or written."""
     return (f"fused_optim cannot use its build cache directory {extensions_root()} ({type(exc).__name__}: {exc}). "
@@ -565,8 +680,110 @@ def extensions_root() -> str:
     return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
 
 
+def extension_directory(name: str) -> Path:
+    """Where the extension ``name`` is built and cached, as cpp_extension places it: in
+    TORCH_EXTENSIONS_DIR, else in a folder per Python and accelerator of torch's default root."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        accelerator = (f"rocm{torch.version.hip.replace('.', '')}" if torch.version.hip is not None else
+                       f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda is not None else "cpu")
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(extensions_root(), f"{python}_{accelerator}")
+    return Path(os.path.abspath(root)) / name
+
+
 def build_directory(name: str | None = None) -> str:
     """Where the extension ``name`` (default: the CPU one) is built and cached (created if missing)."""
-    from torch.utils.cpp_extension import _get_build_directory
+    directory = extension_directory(name or extension_name())
+    make_private_directory(directory)
+    return str(directory)
 
-    return _get_build_directory(name or extension_name(), verbose=False)
+
+def make_private_directory(directory: Path) -> None:
+    """Create ``directory`` and its missing parents writable by us only (0o755), then check that
+    nobody else can write in it or above it (:func:`cache_problem`); raise :class:`BuildError`
+    naming the problem otherwise."""
+    problem = cache_problem(directory)  # before creating anything in a folder others could write
+    if problem is None:
+        missing = [p for p in (directory, *directory.parents) if not os.path.lexists(p)]
+        for folder in reversed(missing):
+            os.mkdir(folder, 0o755)
+        problem = cache_problem(directory)
+    if problem is not None:
+        raise BuildError(unsafe_directory_message(directory, problem))
+
+
+def cache_problem(directory: Path) -> str | None:
+    """Why others could put code in the build ``directory`` (None: they cannot), the checks of
+    ssh's StrictModes: the folders above it pass :func:`parents_problem`; a symlink on the way
+    must belong to us or root; the directory and everything in it must belong to us, be writable
+    by us only, and hold no symlink. Only existing paths are checked."""
+    uid = os.geteuid()
+    for part in [*reversed(directory.parents), directory]:  # the path as given: its symlinks
+        st = _lstat(part)
+        if st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid not in (uid, 0):
+            return f"{part} is a symlink owned by uid {st.st_uid}"
+    real = Path(os.path.realpath(directory))
+    problem = parents_problem(real)
+    if problem is not None:
+        return problem
+    if not real.exists():
+        return None
+    for folder, subfolders, files in os.walk(real):
+        for path in [Path(folder), *(Path(folder) / n for n in subfolders + files)]:
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                return f"{path} is a symlink"
+            if st.st_uid != uid:
+                return f"{path} is owned by uid {st.st_uid}"
+            if st.st_mode & 0o022:
+                return f"{path} is writable by group or others (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def parents_problem(path: Path) -> str | None:
+    """Why others could replace what is in the folder ``path`` (a real path) through a folder
+    above it (None: they cannot): each existing one must belong to us or root and, when group or
+    others may write in it, carry the sticky bit (they cannot rename our entries then)."""
+    uid = os.geteuid()
+    for part in reversed(path.parents):
+        st = _lstat(part)
+        if st is None:
+            continue
+        if st.st_uid not in (uid, 0):
+            return f"{part} is owned by uid {st.st_uid}"
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return f"{part} is writable by group or others (mode {stat.filemode(st.st_mode)}) without the sticky bit"
+    return None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def unsafe_directory_message(directory: Path, problem: str) -> str:
+    """The BuildError text for a build directory that others could write code into."""
+    return (f"fused_optim refuses to build or load its kernels in {directory}: {problem}, so another user could "
+            "put code there that this process would run. Make the folders yours and writable by you only "
+            "(chown, chmod go-w), or set TORCH_EXTENSIONS_DIR to a folder only you can write; or pass fused=False "
+            "to use the pure-PyTorch implementation instead.")
+
+
+def cached_state(name: str | None = None) -> tuple[str, str | None]:
+    """Without building or creating anything: ("loaded" | "built" | "not built yet" | "unusable",
+    a problem's message or None) for the extension ``name`` (default: the CPU one)."""
+    name = name or extension_name()
+    lib = next((lib for lib in (_CPU, _CUDA, _EMULATED_CUDA) if lib.loaded and lib.name() == name), None)
+    if lib is not None:
+        return "loaded", None
+    directory = extension_directory(name)
+    existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        return "unusable", unusable_directory_message(NotADirectoryError(f"{existing} is not a directory"))
+    problem = cache_problem(directory)
+    if problem is not None:
+        return "unusable", unsafe_directory_message(directory, problem)
+    return ("built" if manifest_vouches_for_library(directory, name) else "not built yet"), None

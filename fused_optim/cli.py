@@ -15,20 +15,24 @@ from .registry import get_spec, list_distributed_optimizers, list_optimizers
 
 
 def cmd_info(args) -> int:
+    """Versions, the CPU, and the kernels' build state, read from the cache: builds nothing."""
     print(f"fused_optim      {__import__('fused_optim').__version__}")
     print(f"torch            {torch.__version__}")
     print(f"CPU              {_build.cpu_description()}  (extension {_build.extension_name()})")
     print(f"CUDA             {'available: ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'not available'}")
-    ok = _build.is_available()
-    print(f"CPU kernels      {'built' if ok else 'NOT available'}  "
-          f"({_build.build_directory() if ok else _build.extensions_root()})")
-    if ok and torch.cuda.is_available():
-        ok = _build.is_available("cuda")
-        where = _build.build_directory(_build.cuda_extension_name())
-        print(f"CUDA kernels     {'built' if ok else 'NOT available'}  ({where})")
-    if not ok:
-        print(_build.build_error("cuda"))
-    return 0 if ok else 1
+    kernels = [("CPU kernels", _build.extension_name())]
+    if torch.cuda.is_available():
+        kernels.append(("CUDA kernels", _build.cuda_extension_name()))
+    problems = []
+    for label, name in kernels:
+        state, problem = _build.cached_state(name)
+        hint = "  (run `fused-optim build`)" if state == "not built yet" else ""
+        print(f"{label:<17}{state}  ({_build.extension_directory(name)}){hint}")
+        if problem is not None and problem not in problems:
+            problems.append(problem)
+    for problem in problems:
+        print(problem)
+    return 1 if problems else 0
 
 
 def cmd_build(args) -> int:

@@ -15,19 +15,44 @@ named by ``keys`` live in ``<dir>/<group>_<index>_<key>.bin``, ``dir`` a fresh f
 Saving copies the values into the checkpoint like any tensor (ColossalAI refuses to save
 offloaded state); loading a state dict puts the loaded values back into the files, so a resumed
 run offloads the same params.
+
+Faults and other users. The folder is made by ``mkdtemp`` (0o700, ours), checked before use, and
+refused (``ValueError`` naming ``nvme_offload_dir``) when a folder above it lets others rename it
+(writable by group or others without the sticky bit, or another user's: ``parents_problem``).
+Each file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file or a planted
+symlink) and its blocks reserved (``posix_fallocate``), so a full disk is an ``OSError`` naming the
+file when it is made (the param's first step), not a SIGBUS when a page is first written. Before
+each step, a file whose size or inode changed (truncated, replaced, deleted) is an ``OSError``
+naming it, not a SIGBUS. Each folder holds a ``LOCK`` file flock'ed while its optimizer lives: a
+folder whose lock nobody holds was left by a process that died (SIGKILL) and is removed by the
+next ``StateFiles`` made in the same place. On SIGTERM, where the program installed no handler of
+its own, the folders are removed, then the process ends as SIGTERM ends it; a program's own
+handler is left alone (it decides whether the process goes on, and its exit removes the folders
+as any ending of the interpreter does).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import math
+import os
 import shutil
+import signal
+import stat
 import tempfile
+import threading
 import weakref
 from pathlib import Path
 
 import torch
 
+from ._build import parents_problem
 from .optimizer import is_real
+
+PREFIX = "fused_optim_state_"  # the folders' names: PREFIX and mkdtemp's random suffix
+LOCK = "LOCK"  # in each folder: flock'ed by the process whose optimizer uses it
+_live: set[Path] = set()  # this process's folders (removed on SIGTERM)
 
 
 class StateFiles:
@@ -46,15 +71,14 @@ class StateFiles:
         self._owner = weakref.ref(owner)
         self._offloaded: dict[int, Path] | None = None  # id(param) -> its files' prefix (when chosen)
         self.directory: Path | None = None
+        self._files: dict[str, tuple[int, int]] = {}  # path -> (inode, size) of each file made
         if self.fraction > 0:
-            try:
-                if directory is not None:
-                    Path(directory).mkdir(parents=True, exist_ok=True)
-                self.directory = Path(tempfile.mkdtemp(prefix="fused_optim_state_", dir=directory))
-            except OSError as e:
-                raise ValueError(f"Invalid nvme_offload_dir value: {str(directory)!r}: cannot create a folder there "
-                                 f"({e.strerror}); give a writable folder") from None
-            weakref.finalize(owner, shutil.rmtree, self.directory, True)
+            self.directory, lock = _make_folder(directory)
+            _live.add(self.directory)
+            weakref.finalize(owner, _remove_folder, self.directory, lock)
+            _remove_stale_folders(self.directory.parent)
+            _remove_on_sigterm()
+            owner.register_step_pre_hook(lambda optimizer, args, kwargs: self.check())
 
     def _choose(self) -> dict[int, Path]:
         """id(param) -> file prefix of the params whose state is offloaded (chosen once, see above)."""
@@ -81,12 +105,133 @@ class StateFiles:
         for key in self.keys:
             value = state.get(key)
             path = f"{prefix}_{key}.bin"
-            if value is None or getattr(value.untyped_storage(), "filename", None) == path:
+            if value is None:
                 continue
+            if getattr(value.untyped_storage(), "filename", None) == path:
+                continue
+            if path in self._files:  # a loaded state's values (same param: same size) go into our file
+                self._check(path)
+            else:
+                self._create(path, value.numel() * value.element_size())
             mapped = torch.from_file(path, shared=True, size=value.numel(), dtype=value.dtype).view_as(value)
             state[key] = mapped.copy_(value)
+
+    def _create(self, path: str, size: int) -> None:
+        """Make the file ``path`` of ``size`` bytes, its blocks reserved (see the module docstring)."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create the offloaded optimizer state file {path} ({e.strerror})",
+                          path) from None
+        try:
+            if size:
+                os.posix_fallocate(fd, 0, size)
+            self._files[path] = (os.fstat(fd).st_ino, size)
+        except OSError as e:
+            os.unlink(path)
+            raise OSError(e.errno, f"cannot reserve {size} bytes for the offloaded optimizer state file {path} "
+                          f"({e.strerror}); free space there, give another nvme_offload_dir, or lower "
+                          "nvme_offload_fraction", path) from None
+        finally:
+            os.close(fd)
+
+    def check(self) -> None:
+        """Raise OSError naming a file that was truncated, replaced or deleted since it was made:
+        touching a mapped page past a file's end kills the process (SIGBUS). Runs before each step
+        (a step pre-hook: one stat per file)."""
+        for path in self._files:
+            self._check(path)
+
+    def _check(self, path: str) -> None:
+        inode, size = self._files[path]
+        try:
+            st = os.stat(path)
+            found = f"{st.st_size} bytes" if st.st_ino == inode else "another file"
+            if st.st_ino == inode and st.st_size >= size:
+                return
+        except FileNotFoundError:
+            found = "missing"
+        raise OSError(errno.EIO, f"the offloaded optimizer state file {path} should hold {size} bytes and is {found} "
+                      "(truncated, replaced or deleted by something else): its state is lost; resume from a "
+                      "checkpoint", path)
 
     def files_of(self, p: torch.Tensor) -> list[Path]:
         """The files holding ``p``'s state (empty: it is in memory)."""
         prefix = None if self._offloaded is None else self._offloaded.get(id(p))
         return [] if prefix is None else [Path(f"{prefix}_{key}.bin") for key in self.keys]
+
+
+def _make_folder(directory: str | Path | None) -> tuple[Path, int]:
+    """A fresh private folder in ``directory`` (None: the system's temporary folder) and the fd of
+    its flock'ed ``LOCK``; ValueError naming ``nvme_offload_dir`` when it cannot be made safely."""
+    def refuse(why: str) -> ValueError:
+        return ValueError(f"Invalid nvme_offload_dir value: {str(directory)!r}: {why}")
+
+    def unsafe(problem: str) -> ValueError:
+        return refuse(f"{problem}, so another user could redirect the optimizer state's writes; give a folder "
+                      "only you can write (or one with the sticky bit, such as /tmp)")
+
+    try:
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        problem = parents_problem(Path(os.path.realpath(directory or tempfile.gettempdir())) / PREFIX)
+        if problem is not None:
+            raise unsafe(problem)
+        folder = Path(tempfile.mkdtemp(prefix=PREFIX, dir=directory))
+    except OSError as e:
+        raise refuse(f"cannot create a folder there ({e.strerror}); give a writable folder") from None
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o777 != 0o700:
+        raise unsafe(f"{folder} is not a folder of ours with mode 0700")
+    lock = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    os.write(lock, f"pid {os.getpid()}\n".encode())
+    return folder, lock
+
+
+def _remove_folder(folder: Path, lock: int) -> None:
+    _live.discard(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.close(lock)
+
+
+def _remove_stale_folders(parent: Path) -> None:
+    """Remove the folders of ours in ``parent`` whose ``LOCK`` nobody holds: their process died."""
+    uid = os.geteuid()
+    for folder in parent.glob(f"{PREFIX}*"):
+        try:
+            st = os.lstat(folder)
+            if st.st_uid != uid or not os.path.isdir(folder) or os.path.islink(folder) or folder in _live:
+                continue
+            fd = os.open(folder / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # no lock file (being made, or not ours): left alone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live process's
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_sigterm_installed = False
+
+
+def _remove_on_sigterm() -> None:
+    """Where SIGTERM has its default action (the process ends), remove this process's folders first,
+    then end as SIGTERM ends it. A program's own handler, or SIG_IGN, is left in place."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    _sigterm_installed = True
+
+
+def _on_sigterm(signum, frame) -> None:
+    for folder in list(_live):
+        shutil.rmtree(folder, ignore_errors=True)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

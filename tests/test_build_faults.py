@@ -1,6 +1,7 @@
-"""The JIT build's cache under faults: builds are announced, keyed on the sources' content (not their
-mtimes), a damaged library is rebuilt instead of loaded, a lock left by a killed build is recovered
-from (a live builder's is waited for), and an unusable TORCH_EXTENSIONS_DIR falls back.
+"""The JIT build's cache under faults: builds are announced with their progress, keyed on what
+determines the binary (sources, flags, compiler; not mtimes or install locations), a damaged library
+is rebuilt instead of loaded, a lock left by a killed build is recovered from (a live builder's is
+waited for), an unusable TORCH_EXTENSIONS_DIR falls back, and a cache others can write is refused.
 
 Every test that touches a cache uses its own TORCH_EXTENSIONS_DIR, and every real build or load runs
 in a subprocess, so this process's loaded library is untouched. One cold build (the module's
@@ -11,6 +12,7 @@ relinks the library only (its objects stay verified), leaving the cache intact f
 import fcntl
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -66,7 +68,23 @@ def line(out: str, prefix: str) -> str:
 
 
 def announcements(stderr: str) -> list[str]:
-    return [ln for ln in stderr.splitlines() if ln.startswith("fused_optim:")]
+    """The build's messages, less its progress lines (see :func:`progress`)."""
+    return [ln for ln in stderr.splitlines() if ln.startswith("fused_optim:") and ln not in progress(stderr)]
+
+
+def progress(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines()
+            if ln.startswith(("fused_optim: compiled ", "fused_optim: built in "))]
+
+
+# A compiler that answers ``--version`` as the machine's ``c++`` does (so the cache key, which
+# holds the compiler's identity, is unchanged) and then does what the test needs.
+def same_identity_compiler(folder: Path, then: str) -> Path:
+    path = folder / "c++"
+    real = shutil.which("c++")
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then exec {real} --version; fi\n{then}\n')
+    path.chmod(0o755)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +111,18 @@ def test_a_cold_build_says_once_what_it_builds_where_and_that_it_is_one_time(cac
     (message,) = announcements(stderr)
     assert "building the CPU kernels" in message and "one-time" in message and str(directory) in message
     assert directory.parent == root and verified(directory)
+    assert (directory / _build.LOCK).stat().st_mode & 0o777 == 0o600  # nobody else writes the lock
+
+
+def test_a_cold_build_shows_its_progress(cache):
+    """Units compiled of all, with the time elapsed, then the build's time: never a minute of silence."""
+    _, directory, stderr = cache
+    lines = progress(stderr)
+    units = len(list(directory.glob("unit*.o")))
+    counts = [re.fullmatch(rf"fused_optim: compiled (\d+) of {units} units \((\d+) s\)", ln) for ln in lines[:-1]]
+    assert counts and all(counts), lines
+    assert [int(m[1]) for m in counts] == sorted(int(m[1]) for m in counts) and int(counts[-1][1]) == units
+    assert re.fullmatch(r"fused_optim: built in \d+ s", lines[-1]), lines
 
 
 def test_a_reinstall_of_identical_sources_loads_the_cached_build_silently(cache, tmp_path):
@@ -115,7 +145,7 @@ def test_a_reinstall_of_identical_sources_loads_the_cached_build_silently(cache,
     assert library(directory).stat().st_mtime_ns == before  # not relinked
 
 
-def test_editing_a_source_or_a_flag_or_another_installation_changes_the_extension_name(monkeypatch, tmp_path):
+def test_editing_a_source_or_a_flag_changes_the_extension_name_and_another_installation_does_not(monkeypatch, tmp_path):
     """A new name is a new, empty build directory: an edit always builds."""
     names = lambda: (_build.extension_name(), _build.cuda_extension_name())  # noqa: E731
     original = names()
@@ -131,8 +161,24 @@ def test_editing_a_source_or_a_flag_or_another_installation_changes_the_extensio
     edited = names()
     monkeypatch.setattr(_build, "CFLAGS", [*_build.CFLAGS, "-DEXTRA"])
     assert names()[0] != edited[0]
+    flagged = names()
     monkeypatch.setattr(_build.sysconfig, "get_path", lambda *args, **kwargs: "/another/venv/include/python3")
-    assert set(names()).isdisjoint(edited)  # another installation: its own build
+    monkeypatch.setattr(_build.torch, "__file__", "/another/venv/site-packages/torch/__init__.py")
+    assert names() == flagged  # where torch and Python are installed does not count
+
+
+def test_another_compiler_keys_a_build_of_its_own(monkeypatch, tmp_path):
+    """CXX naming another compiler (another ``--version``) is another build, beside the first one's;
+    the same compiler under another path shares it."""
+    original = _build.extension_name()
+    monkeypatch.setenv("CXX", str(same_identity_compiler(tmp_path, "exit 1")))
+    assert _build.extension_name() == original
+    other = tmp_path / "other" / "c++"
+    other.parent.mkdir()
+    other.write_text('#!/bin/sh\necho "c++ (Another) 99.1"\n')
+    other.chmod(0o755)
+    monkeypatch.setenv("CXX", str(other))
+    assert _build.extension_name() != original
 
 
 @pytest.mark.parametrize("damage", ["truncated", "zeroed"])
@@ -170,16 +216,18 @@ def test_a_damaged_cached_library_is_rebuilt_not_loaded(cache, how):
     out = run_python(STEP, root, timeout=BUILD_TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert line(out.stdout, "IMPL") == "IMPL fused [0.0, 0.0, 0.0] 0"
+    assert progress(out.stderr)[-1].startswith("fused_optim: built in ")
     (message,) = announcements(out.stderr)
     assert "rebuilding the CPU kernels" in message
     assert f"{library(directory).name} failed its integrity check" in message
     assert verified(directory)
 
 
-def test_a_failed_rebuild_of_a_damaged_library_falls_back_with_one_warning(cache):
+def test_a_failed_rebuild_of_a_damaged_library_falls_back_with_one_warning(cache, tmp_path):
     root, directory, _ = cache
     damage(library(directory), "zeroed")
-    out = run_python(STEP, root, timeout=BUILD_TIMEOUT, CXX="false")  # the relink fails
+    broken = same_identity_compiler(tmp_path, "exit 1")  # the relink fails
+    out = run_python(STEP, root, timeout=BUILD_TIMEOUT, CXX=str(broken))
     assert out.returncode == 0, out.stderr[-3000:]
     assert line(out.stdout, "IMPL") == "IMPL reference [0.0, 0.0, 0.0] 1"
     assert "could not build its CPU kernels" in line(out.stdout, "WARNING")
@@ -207,9 +255,7 @@ def test_a_build_killed_mid_way_leaves_a_lock_the_next_load_recovers_from(cache,
     returns, so the kill lands inside the locks."""
     root, directory, _ = cache
     baton = directory / _build.CPP_EXTENSION_LOCK
-    hanging = tmp_path / "c++"
-    hanging.write_text("#!/bin/sh\nexec sleep 3600\n")
-    hanging.chmod(0o755)
+    hanging = same_identity_compiler(tmp_path, "exec sleep 3600")
     damage(library(directory), "zeroed")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(root), "CXX": str(hanging)}
     build = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.DEVNULL,
@@ -307,3 +353,129 @@ def test_an_unusable_extensions_dir_falls_back_with_one_warning_naming_it(tmp_pa
     info = run_python("from fused_optim.cli import main; raise SystemExit(main(['info']))", bad)
     assert info.returncode == 1 and "Traceback" not in info.stderr, info.stderr[-3000:]
     assert f"cannot use its build cache directory {bad}" in info.stdout
+
+
+def test_a_second_venv_with_the_same_torch_loads_the_cached_build_silently(cache, tmp_path):
+    """Another installation of the same torch (here: torch reached through a symlink in another
+    site folder, so its files, headers included, sit at another path, as in a second venv) loads the
+    build made from the first: same name, no compile, no relink."""
+    import torch
+
+    root, directory, _ = cache
+    site = tmp_path / "venv2" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "torch").symlink_to(Path(torch.__file__).parent, target_is_directory=True)
+    before = library(directory).stat().st_mtime_ns
+    code = LOAD + "\nimport torch; print(torch.__file__)"
+    out = run_python(code, root, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    used, torch_file = out.stdout.split()[-2:]
+    assert Path(torch_file).parent == site / "torch"  # the other installation's torch was the one imported
+    assert Path(used) == directory and announcements(out.stderr) == [] and progress(out.stderr) == []
+    assert library(directory).stat().st_mtime_ns == before
+
+
+def test_a_cached_load_needs_no_ninja_and_a_build_finds_the_one_beside_python(cache, tmp_path, monkeypatch):
+    """A venv's python run without activating the venv: its ninja is not on PATH. The cached build
+    loads without ninja; a build puts the ninja next to ``sys.executable`` on PATH."""
+    from torch.utils import cpp_extension
+
+    root, directory, _ = cache
+    bare = tmp_path / "bin"  # PATH: the compiler only (its --version is part of the cache key)
+    bare.mkdir()
+    (bare / "c++").symlink_to(shutil.which("c++"))
+    out = run_python(LOAD, root, PATH=str(bare))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert Path(out.stdout.split()[-1]) == directory and announcements(out.stderr) == []
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "ninja").symlink_to(shutil.which("ninja"))
+    monkeypatch.setenv("PATH", str(bare))
+    monkeypatch.setattr(_build.sys, "executable", str(venv_bin / "python"))
+    assert not cpp_extension.is_ninja_available()
+    with _build._ninja_on_path():
+        assert cpp_extension.is_ninja_available()
+    assert os.environ["PATH"] == str(bare)
+
+
+@pytest.fixture
+def restore_modes(cache):
+    """Undo the chmods a test makes in the cache (the other tests use it)."""
+    root, directory, _ = cache
+    paths = [root, directory, library(directory), directory / _build.MANIFEST]
+    modes = {p: p.stat().st_mode & 0o7777 for p in paths}
+    yield
+    for path, mode in modes.items():
+        path.chmod(mode)
+
+
+def refused(out: subprocess.CompletedProcess, problem: str) -> None:
+    """A fused=None step fell back to the reference with one warning saying why the cache is refused."""
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert line(out.stdout, "IMPL") == "IMPL reference [0.0, 0.0, 0.0] 1"
+    message = line(out.stdout, "WARNING")
+    assert "refuses to build or load its kernels in" in message and problem in message, message
+    assert "TORCH_EXTENSIONS_DIR to a folder only you can write" in message
+
+
+@pytest.mark.parametrize("what", ["root", "directory", "library", "manifest"])
+def test_a_cache_others_can_write_is_refused(cache, restore_modes, what):
+    """A 0777 TORCH_EXTENSIONS_DIR, or a build directory or file that group or others may write:
+    whoever can write there could swap the library and its manifest, so nothing is built or loaded."""
+    root, directory, _ = cache
+    path = {"root": root, "directory": directory, "library": library(directory),
+            "manifest": directory / _build.MANIFEST}[what]
+    path.chmod(0o777 if path.is_dir() else 0o666)
+    problem = f"{path} is writable by group or others" if what != "root" else \
+        f"{root} is writable by group or others (mode drwxrwxrwx) without the sticky bit"
+    refused(run_python(STEP, root), problem)
+    if what == "root":  # `info` looks at the default (-O3) build's directory, in the same root
+        info = run_python("from fused_optim.cli import main; raise SystemExit(main(['info']))", root)
+        assert info.returncode == 1 and problem in info.stdout, info.stdout
+
+
+def test_a_symlinked_extensions_dir_to_an_open_folder_is_refused(cache, tmp_path):
+    """TORCH_EXTENSIONS_DIR a symlink to a folder anyone can write (0777, no sticky bit)."""
+    open_folder = tmp_path / "shared"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    link = tmp_path / "extensions"
+    link.symlink_to(open_folder, target_is_directory=True)
+    refused(run_python(STEP, link), f"{open_folder} is writable by group or others")
+    assert not any(open_folder.iterdir())  # nothing built there
+
+
+def test_a_symlink_planted_in_the_build_directory_is_refused(cache, tmp_path):
+    root, directory, _ = cache
+    planted = directory / "planted.so"
+    planted.symlink_to(tmp_path / "elsewhere.so")
+    try:
+        refused(run_python(STEP, root), f"{planted} is a symlink")
+    finally:
+        planted.unlink()
+
+
+def test_folders_and_symlinks_of_other_users_are_refused(tmp_path, monkeypatch):
+    """As another user sees our cache (the check compares owners with the effective uid): the build
+    directory and a symlink on the way are ours, not theirs; folders above may be root's."""
+    directory = tmp_path / "extensions" / "ext"
+    directory.mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "extensions", target_is_directory=True)
+    assert _build.cache_problem(directory) is None and _build.cache_problem(link / "ext") is None
+    mine = os.geteuid()
+    monkeypatch.setattr(_build.os, "geteuid", lambda: mine + 4242)
+    for path in (directory, link / "ext"):  # (the link: its own owner, unless root's; then the folder's)
+        problem = _build.cache_problem(path)
+        assert problem is not None and problem.endswith(f"owned by uid {mine}"), problem
+
+
+def test_info_reads_the_cache_and_builds_nothing(tmp_path):
+    """On a cold cache `fused-optim info` says "not built yet" and creates no folder; after a build
+    it says "built"."""
+    root = tmp_path / "extensions"
+    info = "from fused_optim.cli import main; raise SystemExit(main(['info']))"
+    out = run_python(info, root)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CPU kernels      not built yet" in out.stdout and "fused-optim build" in out.stdout
+    assert not root.exists() and announcements(out.stderr) == []

@@ -30,9 +30,11 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
     Deviations from mlbench_core (bugs not copied): the indices travel as int64 (mlbench sends
     them as float values, exact only below 2²⁴ elements); one all_gather per group instead of one
     per param; any param shape (mlbench needs (1, D)); the block draw covers the last D mod k
-    coordinates; the params are not re-initialised by the constructor; a None grad counts as
-    zero (every rank must send the same number of coordinates); the coordinates come from the
-    optimizer's own generator (``seed``; each rank may draw its own), saved in the state dict.
+    coordinates (that shorter block padded with pairs that add nothing, so every rank sends the
+    same count whichever blocks it drew); the params are not re-initialised by the constructor;
+    a None grad counts as zero (every rank must send the same number of coordinates); the
+    coordinates come from the optimizer's own generator (``seed``; each rank may draw its own),
+    saved in the state dict.
     ``get_estimated_weights`` / ``update_estimated_weights`` are SparsifiedSGD's.
 
     Args: as mlbench's, plus ``seed`` (the private generator's; None: random). ``world_size``:
@@ -77,15 +79,16 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
             torch._foreach_add_(memories, grads, alpha=group["lr"])
             indices = self._draw(params, group)
             offsets = torch.tensor([0] + [p.numel() for p in params]).cumsum(0).tolist()
-            flat_index = torch.cat([i + o for i, o in zip(indices, offsets)])
             values = torch.cat([m.view(-1)[i] for m, i in zip(memories, indices)])
             for m, i in zip(memories, indices):
                 m.view(-1).index_fill_(0, i.to(m.device), 0)
+            flat_index, values = self._padded(indices, offsets, values, group["sparse_grad_size"])
             flat_index = flat_index.to(values.device)
             if self.world_size > 1:
                 flat_index, values = self._gather(flat_index), self._gather(values)
-            update = torch.zeros(offsets[-1], dtype=values.dtype, device=values.device)
+            update = torch.zeros(offsets[-1] + 1, dtype=values.dtype, device=values.device)  # + the padding's slot
             update.index_add_(0, flat_index, values)
+            update = update[:-1]
             if self.average_world:
                 update.div_(self.world_size)
             update = comm.views(update, [p.shape for p in params])
@@ -93,6 +96,18 @@ class CentralizedSparsifiedSGD(SparsifiedSGD):
                 torch._foreach_add_(update, params, alpha=group["weight_decay"])
             torch._foreach_sub_(params, update)
         return loss
+
+    @staticmethod
+    def _padded(indices: list[Tensor], offsets: list[int], values: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """All params' flat (index, value) pairs, padded to Σ min(k, D) pairs: a block draw's last
+        block is shorter (D mod k), so ranks drawing different blocks would send different counts,
+        which all_gather cannot take. A padding pair adds 0 to the slot after the last param's
+        (``offsets[-1]``), which the update drops: the params' sums are untouched."""
+        sizes = [b - a for a, b in zip(offsets, offsets[1:])]
+        pad = sum(min(k, d) for d in sizes) - len(values)
+        flat_index = torch.cat([*(i + o for i, o in zip(indices, offsets)),
+                                torch.full((pad,), offsets[-1], dtype=torch.long)])
+        return flat_index, torch.cat([values, values.new_zeros(pad)])
 
     @staticmethod
     def _gather(t: Tensor) -> Tensor:
