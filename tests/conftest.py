@@ -1,6 +1,8 @@
 import importlib.util
+import multiprocessing.process
 import os
 import random
+import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -53,6 +55,23 @@ def seeded_rng(request):
     seed = zlib.crc32(f"{request.node.path.name}::{request.node.name}".encode())
     torch.manual_seed(seed)
     random.seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def only_slow_tests_start_processes(request, monkeypatch):
+    """The fast tier (``make test-fast``: ``-m "not slow"``) starts no process: a test that starts
+    one (a compiler, ninja, a worker, a spawned rank, the CLI) must be marked ``slow``. A test
+    without the mark that tries fails at once, naming the fix."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow "
+                           "(make test-fast runs no test that compiles or spawns)")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
 
 
 def pytest_collection_modifyitems(config, items):
