@@ -144,7 +144,7 @@ CUDA_OPS = (*_ops.UPDATE_OPS, *_ops.COMPACT_OPS, "l2norm", "sum_squares_")
 EMULATION_FLAGS = ["-march=native", "-U_FORTIFY_SOURCE", "-Wno-unknown-pragmas",
                    f"-DFUSED_OPTIM_CUDA_LIBRARY={_ops.EMULATED_CUDA}", "-DFUSED_OPTIM_CUDA_KEY=CPU"]
 # Set to e.g. "address,undefined", a build of the emulated CUDA library of its own under those
-# sanitizers (the process must preload their runtime: tests/test_cuda_emulation.py shows how).
+# sanitizers (the process must preload their runtime: tests/emulation/test_cuda_emulation.py shows how).
 EMULATION_SANITIZERS_ENV = "FUSED_OPTIM_EMULATION_SANITIZERS"
 
 

@@ -12,7 +12,7 @@ undefined: loading fails naming it).
 
 The header is generated into the source tree (and shipped) rather than at build time, so every
 build — the JIT ones, the nvcc compile check, a reader's editor — sees the same file;
-``tests/test_specs.py`` fails when it is out of date. Regenerate after editing a spec::
+``tests/kernels/test_specs.py`` fails when it is out of date. Regenerate after editing a spec::
 
     python -m fused_optim.cpp_header
 """

@@ -1,7 +1,7 @@
 """Every reach of lightning_optim into Lightning's (and torch's) private internals, in one place.
 
 Each is used because Lightning (torch) offers no public extension point for it, and each names the
-version it was checked against. ``tests/test_lightning_compat.py`` asserts on the installed
+version it was checked against. ``tests/lightning_optim/test_lightning_compat.py`` asserts on the installed
 versions that each still exists with the signature or the behaviour used here, so an upgrade that
 changes one fails there, by name, instead of inside a training run.
 

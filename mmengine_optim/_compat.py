@@ -1,7 +1,7 @@
 """Every reach of mmengine_optim into mmengine's private internals, in one place.
 
 Each is used because mmengine offers no public way to do it, and each names the version it was
-checked against. ``tests/test_mmengine_compat.py`` asserts on the installed mmengine that each
+checked against. ``tests/mmengine_optim/test_mmengine_compat.py`` asserts on the installed mmengine that each
 still exists with the signature or the behaviour used here, so an upgrade that changes one fails
 there, by name, instead of inside a training run.
 

@@ -38,6 +38,13 @@ def _import_from_repository(name: str) -> None:
 for _package in ("examples", "benchmarks"):
     _import_from_repository(_package)
 
+# The tests' folders mirror the source (core, kernels, emulation, distributed, the adapters, build,
+# ...); some tests reuse another file's cases and helpers by module name (``from test_ops import
+# SCALARS``), across folders: every folder is on the path (test file names are unique, as pytest
+# requires without packages).
+TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(d) for d in sorted(TESTS.iterdir()) if d.is_dir() and d.name not in ("golden", "__pycache__")]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def kernels():
@@ -74,8 +81,16 @@ def only_slow_tests_start_processes(request, monkeypatch):
     monkeypatch.setattr(os, "fork", refuse)
 
 
+# Folders whose every test compiles (the emulated CUDA library, the build checks) or starts ranks.
+SLOW_FOLDERS = ("emulation", "distributed", "build")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``cuda`` run only where torch sees a GPU; elsewhere they skip, saying why."""
+    """Tests in :data:`SLOW_FOLDERS` are marked ``slow``. Tests marked ``cuda`` run only where torch
+    sees a GPU; elsewhere they skip, saying why."""
+    for item in items:
+        if item.path.parent.name in SLOW_FOLDERS and item.path.parent.parent == TESTS:
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")

@@ -2,7 +2,7 @@
 stepped a few times on fixed data; the params and a digest of the state after each step.
 
 A refactor that must not change any result (moving code between modules or headers, splitting a
-class) is checked against a file recorded before it: ``tests/test_frozen_trajectories.py``
+class) is checked against a file recorded before it: ``tests/core/test_frozen_trajectories.py``
 compares bit for bit. Record anew only where a change is meant to alter results, and say so in
 its commit::
 

@@ -6,11 +6,17 @@ import functools
 import inspect
 import os
 import subprocess
+from pathlib import Path
 
 import torch
 
 from fused_optim import _build
 from fused_optim.registry import get_spec
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+GOLDEN = TESTS / "golden"  # recorded trajectories of the references (golden/make_golden.py)
+WORKERS = TESTS / "workers"  # the scripts the multi-process tests start, one process per rank
 
 SMALL = 300  # many small tensors in one group
 

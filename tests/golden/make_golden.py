@@ -272,7 +272,7 @@ FP16_CASES = [
 def fp16_optimizer_case(c):
     """STEPS steps of mlbench's FP16Optimizer (flat master) on Linear(5, 4)-Tanh-Linear(4, 3) in fp16: 39
     params, so the flat master's elementwise ops split into vector blocks and a scalar tail the same way
-    for AVX2 and AVX-512 (39 mod 32 < 16; see tests/test_fp16_optimizer.py)."""
+    for AVX2 and AVX-512 (39 mod 32 < 16; see tests/core/test_fp16_optimizer.py)."""
     for dependency in ["utils.pytorch.utils", "aggregation.pytorch.aggregation"]:  # (stubs for their packages)
         load(SITE, f"mlbench_core.{dependency}")
     fp16_optimizer = load(SITE, "mlbench_core.optim.pytorch.fp_optimizers").FP16Optimizer

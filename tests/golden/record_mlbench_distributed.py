@@ -1,4 +1,4 @@
-"""Record mlbench-core's distributed optimizers, per rank, for tests/test_distributed.py to replay.
+"""Record mlbench-core's distributed optimizers, per rank, for tests/distributed/test_distributed.py to replay.
 
     /work/venv-mlbench/bin/python tests/golden/record_mlbench_distributed.py
 
