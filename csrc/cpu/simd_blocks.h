@@ -78,6 +78,7 @@ C10_ALWAYS_INLINE at::vec::Vectorized<M> sign_of(const at::vec::Vectorized<M>& x
   return x.gt(zero) - x.lt(zero);  // gt / lt: 1 where true, else 0
 }
 
+// from_double<Vectorized<M>>: the number rounded to M once, in every lane.
 template <typename M>
 struct FromDouble<at::vec::Vectorized<M>> {
   static C10_ALWAYS_INLINE at::vec::Vectorized<M> of(double x) { return at::vec::Vectorized<M>(static_cast<M>(x)); }
