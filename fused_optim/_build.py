@@ -170,8 +170,8 @@ def cuda_compile_command(nvcc: str, source: str, output: str) -> list[str]:
 
 
 # The folders under CSRC each build reads.
-SOURCE_FOLDERS = {"cpu": ("cpu", "shared"), "cuda": ("cuda", "shared"),
-                  "emulated_cuda": ("cuda", "emulation", "shared")}
+SOURCE_FOLDERS = {"cpu": ("cpu", "host", "shared"), "cuda": ("cuda", "host", "shared"),
+                  "emulated_cuda": ("cuda", "emulation", "host", "shared")}
 
 
 def source_files(kind: str) -> list[Path]:

@@ -1,4 +1,4 @@
-"""The C++ side of the op specs: ``csrc/shared/update_ops.h``, generated from
+"""The C++ side of the op specs: ``csrc/host/update_ops.h``, generated from
 :data:`fused_optim.specs.SPECS` so that C++ never spells an op's argument list by hand.
 
 The header declares, for every update op ``<name>_``, its CPU kernel ``<name>_cpu`` (defined in
@@ -25,7 +25,7 @@ from pathlib import Path
 from .spec import OpSpec
 from .specs import SPECS
 
-HEADER = Path("shared") / "update_ops.h"  # relative to the kernel sources' root (_build.CSRC)
+HEADER = Path("host") / "update_ops.h"  # relative to the kernel sources' root (_build.CSRC)
 
 # Schema type -> C++ parameter type of the kernel function (what the dispatcher passes).
 _CPP_TYPES = {

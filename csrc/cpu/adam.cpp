@@ -52,25 +52,12 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
   dispatch_update(params, [&](auto types) {
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;
-    using M = opmath_t<T>;
     using V = FVec<T>;
-    const AdamRule<V> base{V(static_cast<M>(maximize ? -amp.inv_scale : amp.inv_scale)),
-                           V(static_cast<M>(weight_decay)),
-                           V(static_cast<M>(decoupled_decay(lr, weight_decay))),
-                           V(static_cast<M>(1.0 - beta1)),
-                           V(static_cast<M>(beta2)),
-                           V(static_cast<M>(1.0 - beta2)),
-                           V(static_cast<M>(eps)),
-                           V(0),
-                           V(0),
-                           weight_decay != 0.0,
-                           decoupled};
+    const auto base = adam_rule<V>(lr, beta1, beta2, eps, weight_decay, decoupled, maximize, amp.inv_scale);
     dispatch_format<T>(c, [&](auto format) {
       constexpr StateFormat F = decltype(format)::value;
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-        AdamRule<V> rule = base;
-        rule.neg_step_size = V(static_cast<M>(-adam_steps[t].step_size));
-        rule.inv_bc2_sqrt = V(static_cast<M>(adam_steps[t].inv_bc2_sqrt));
+        const AdamRule<V> rule = base.for_tensor(adam_steps[t]);
         const T* g = ptr<T>(grads[t]);
         const auto m = state_stream<F, S>(c, exp_avgs, t, 0, 0, true);
         const auto v = state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false);

@@ -17,8 +17,8 @@
 #include "simd_blocks.h"
 #include "master_weights.h"
 #include "state_code_lanes.h"
-#include "../shared/checks.h"
-#include "../shared/compact_args.h"
+#include "../host/checks.h"
+#include "../host/compact_args.h"
 #include "../shared/primitives.h"
 #include "../shared/state_codes.h"
 

@@ -11,7 +11,7 @@
 //   each hook's position; remove_grad_hooks(params, positions) removes them again.
 //   grad_sum_squares_(sums, params, index):  sums[index[i]] += Σ params[i].grad²  for the params
 //   that have a grad (read here: Python would wrap each .grad in a new object, ~1 µs a param).
-#include "../shared/checks.h"
+#include "../host/checks.h"
 #include "ops.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

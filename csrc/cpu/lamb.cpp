@@ -106,19 +106,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
   const size_t n = params.model.size();
   const auto numels = numels_of(params.model);
   const double grad_mul = grad_multiplier<T>(grads, numels, a);
-  auto rule_of = [&](size_t t) {
-    return LambRule<V>{V(static_cast<M>(grad_mul)),
-                       V(static_cast<M>(a.weight_decay)),
-                       V(static_cast<M>(a.beta1)),
-                       V(static_cast<M>(a.beta3)),
-                       V(static_cast<M>(a.beta2)),
-                       V(static_cast<M>(1.0 - a.beta2)),
-                       V(static_cast<M>(a.eps)),
-                       V(static_cast<M>(a.tensors[t].c1)),
-                       V(static_cast<M>(a.tensors[t].c2)),
-                       a.weight_decay != 0.0,
-                       a.decoupled};
-  };
+  auto rule_of = [&](size_t t) { return lamb_rule<V>(a, grad_mul, a.tensors[t]); };
   auto m_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avgs, t, 0, 0, true); };
   auto v_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false); };
   std::vector<double> neg_lr(n);

@@ -1,4 +1,4 @@
-// Master weights in the CPU kernels (UpdatedParams: csrc/shared/checks.h). An update over fp16 or
+// Master weights in the CPU kernels (UpdatedParams: csrc/host/checks.h). An update over fp16 or
 // bf16 params with fp32 masters reads the half grads, updates the fp32 masters and the fp32 state
 // in opmath, and writes each param as its master rounded to nearest even: one pass, no fp32 grad
 // copy. Kernels are instantiated for (T, S): T the dtype of the params and grads, which leads the
@@ -7,7 +7,7 @@
 #pragma once
 
 #include "simd_blocks.h"
-#include "../shared/checks.h"
+#include "../host/checks.h"
 
 #include <type_traits>
 

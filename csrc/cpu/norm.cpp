@@ -5,7 +5,7 @@
 //   fused_optim::l2norm:        per_tensor[i] = sqrt(sum(x_i^2)) ; global = sqrt(sum_i per_tensor[i]^2)
 //                               (float32, or float64 when any input is float64)
 //   fused_optim::sum_squares_:  sums[index[i]] += sum(x_i^2)   (sums: float64, in tensor order)
-#include "../shared/checks.h"
+#include "../host/checks.h"
 #include "fixed_order_sums.h"
 #include "ops.h"
 #include "simd_blocks.h"

@@ -4,7 +4,7 @@
 
 #include "simd_blocks.h"
 #include "../shared/bias_correction.h"
-#include "../shared/checks.h"
+#include "../host/checks.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>

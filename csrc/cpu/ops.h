@@ -1,7 +1,7 @@
 // The CPU implementations of the ops declared in fused_optim/_ops.py (same argument order as the
 // schemas), defined in one .cpp per op family and registered in register.cpp, the only file that
 // includes <torch/library.h> (6 s of compile time per file that includes it). The update ops'
-// kernels are declared in ../shared/update_ops.h, generated from their specs; their bucket twins
+// kernels are declared in ../host/update_ops.h, generated from their specs; their bucket twins
 // are generated from them in register.cpp (bucket_twin, bucket.h).
 #pragma once
 
@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../shared/update_ops.h"
+#include "../host/update_ops.h"
 
 namespace fused_optim {
 

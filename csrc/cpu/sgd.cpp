@@ -29,18 +29,9 @@ struct SgdUpdate {
   const SgdFamily& a;
 
   void operator()(int64_t t, int64_t begin, int64_t end) const {
-    using M = opmath_t<T>;
-    using V = FVec<T>;
-    const SgdRule<V, D> rule{V(static_cast<M>(a.grad_mul[t])),
-                             V(static_cast<M>(a.weight_decay[t])),
-                             V(static_cast<M>(a.momentum)),
-                             V(static_cast<M>(1.0 - a.dampening)),
-                             V(static_cast<M>(-a.lr[t])),
-                             V(static_cast<M>(a.clamp)),
-                             a.weight_decay[t] != 0.0,
-                             a.wd_after_momentum,
-                             a.nesterov,
-                             !first_step.empty() && first_step[t]};
+    const auto rule = sgd_rule<FVec<T>, D>({a.grad_mul[t], a.weight_decay[t], a.lr[t]}, a.momentum, a.dampening,
+                                           a.clamp, a.nesterov, a.wd_after_momentum,
+                                           !first_step.empty() && first_step[t]);
     const T* g = ptr<T>(grads[t]);
     with_param_stream<T, S>(params, a.compact, t, [&](auto p) {
       if (a.momentum != 0.0) {

@@ -9,7 +9,7 @@
 
 #include "simd_blocks.h"  // before the shared rule (sgd_math.h)
 #include "compact_state.h"
-#include "../shared/checks.h"
+#include "../host/checks.h"
 #include "../shared/sgd_math.h"
 
 #include <ATen/core/List.h>

@@ -23,6 +23,8 @@
 #endif
 #endif
 
+#include "../shared/primitives.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -75,6 +77,12 @@ C10_ALWAYS_INLINE at::vec::Vectorized<M> sign_of(const at::vec::Vectorized<M>& x
   const at::vec::Vectorized<M> zero(0);
   return x.gt(zero) - x.lt(zero);  // gt / lt: 1 where true, else 0
 }
+
+// from_double<Vectorized<M>>: the number rounded to M once, in every lane.
+template <typename M>
+struct FromDouble<at::vec::Vectorized<M>> {
+  static C10_ALWAYS_INLINE at::vec::Vectorized<M> of(double x) { return at::vec::Vectorized<M>(static_cast<M>(x)); }
+};
 
 // A block is what one iteration loads from each stream: one Vectorized of the math type, or for
 // fp16/bf16 storage one full Vectorized<T> (2x the fp32 lanes) converted into two fp32 halves.

@@ -2,9 +2,9 @@
 // tensor each step (mlbench_core's SparsifiedSGD, for any param shape). Per tensor of D elements:
 //   memory <- memory + lr*g/grad_scale                  (every element, one parallel pass)
 //   p <- p - weight_decay*p                             (same pass; decay not multiplied by lr)
-//   S <- k indices (shared/sparse_indices.h: random, or a random block; the reference's draws)
+//   S <- k indices (host/sparse_indices.h: random, or a random block; the reference's draws)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
-#include "../shared/sparse_indices.h"
+#include "../host/sparse_indices.h"
 #include "master_weights.h"
 #include "multi_tensor.h"
 #include "op_args.h"

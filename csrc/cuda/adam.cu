@@ -35,18 +35,9 @@ struct AdamFunctor {
     const double step = static_cast<double>(*static_cast<const float*>(meta.addresses[kSteps][chunk.slot])) + 1.0;
     const double lr = lr_of(a.s);
     const AdamStep s = adam_step(lr, bias_correction(a.beta1, a.beta2, step, a.bias_correction));
-    const float inv_scale = inv_scale_of(a.s);
-    const AdamRule<M> rule{a.maximize ? -inv_scale : inv_scale,
-                           static_cast<M>(a.weight_decay),
-                           static_cast<M>(decoupled_decay(lr, a.weight_decay)),
-                           static_cast<M>(1.0 - a.beta1),
-                           static_cast<M>(a.beta2),
-                           static_cast<M>(1.0 - a.beta2),
-                           static_cast<M>(a.eps),
-                           static_cast<M>(-s.step_size),
-                           static_cast<M>(s.inv_bc2_sqrt),
-                           a.weight_decay != 0.0,
-                           a.decoupled};
+    const AdamRule<M> rule =
+        adam_rule<M>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, a.maximize, inv_scale_of(a.s))
+            .for_tensor(s);
     for_each_element<Types, kLists - 1, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kAmsgrad) {
         rule.apply(x[0], x[kLists - 1], x[1], x[2], x[3]);

@@ -6,7 +6,7 @@
 // Master weights (master_params) are passed to the kernels as lists of their own: the kernels read
 // the fp16/bf16 grads, update the fp32 masters and state and write the rounded params in one pass.
 // The compact twins (<op>compact_: bf16 / 8-bit state, stochastic rounding) are the same calls with
-// the compact arguments of csrc/shared/compact_args.h (CompactCall below; the kernels:
+// the compact arguments of csrc/host/compact_args.h (CompactCall below; the kernels:
 // compact_state.cuh); the list ops are those calls without them.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -20,11 +20,11 @@
 #include <tuple>
 #include <vector>
 
-#include "../shared/checks.h"
-#include "../shared/compact_args.h"
-#include "../shared/sparse_indices.h"
+#include "../host/checks.h"
+#include "../host/compact_args.h"
+#include "../host/sparse_indices.h"
+#include "../host/update_ops.h"
 #include "../shared/trust_ratio.h"
-#include "../shared/update_ops.h"
 #include "launch.h"
 
 // The library and dispatch key these implementations are registered for: fused_optim's CUDA key;
@@ -126,7 +126,7 @@ std::vector<float*> checked_steps(const char* op, at::TensorList params, at::Ten
 }
 
 // The lists an update reads and writes, from its checked params (UpdatedParams,
-// csrc/shared/checks.h): the values updated (the params, or their fp32 masters), with masters the
+// csrc/host/checks.h): the values updated (the params, or their fp32 masters), with masters the
 // params written from them in the same pass (`model`, empty without), and their dtypes.
 struct UpdateLists {
   cuda::UpdateDTypes dtypes;
@@ -457,7 +457,7 @@ void colossal_lamb_call(at::TensorList params, at::TensorList grads, at::TensorL
                 lr_tensor, grad_scale, found_inf, compact);
 }
 
-// The list ops and their compact twins (the schemas' argument order, csrc/shared/update_ops.h).
+// The list ops and their compact twins (the schemas' argument order, csrc/host/update_ops.h).
 void sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
               double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,

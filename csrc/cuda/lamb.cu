@@ -40,10 +40,7 @@ __device__ TensorLamb<M> tensor_lamb(const TensorListMetadata<Depth>& meta, cons
   }
   const BiasCorrection bc = bias_correction(a.beta1, a.beta2, step, a.bias_correction);
   const LambTensor numbers = lamb_tensor(lr_of(a.s), bc, a.colossal);
-  return {{static_cast<M>(grad_mul), static_cast<M>(a.weight_decay), static_cast<M>(a.beta1), static_cast<M>(a.beta3),
-           static_cast<M>(a.beta2), static_cast<M>(1.0 - a.beta2), static_cast<M>(a.eps), static_cast<M>(numbers.c1),
-           static_cast<M>(numbers.c2), a.weight_decay != 0.0, a.decoupled},
-          numbers.lr};
+  return {lamb_rule<M>(a, grad_mul, numbers), numbers.lr};
 }
 
 // The storage of LAMB's moments m (signed) and v (U: UpdateTypes).

@@ -17,20 +17,16 @@ namespace fused_optim {
 namespace cuda {
 namespace {
 
-struct TensorNumbers {
-  double grad_mul, wd, lr;
-};
-
-__device__ __forceinline__ TensorNumbers tensor_numbers(const SgdArgs& a, int32_t t) {
+__device__ __forceinline__ SgdTensor tensor_numbers(const SgdArgs& a, int32_t t) {
   const double inv_scale = inv_scale_of(a.s), lr = lr_of(a.s);
-  TensorNumbers n{a.maximize ? -inv_scale : inv_scale, a.weight_decay, lr};
+  SgdTensor n{a.maximize ? -inv_scale : inv_scale, a.weight_decay, lr};
   if (a.trust == TrustRatio::kNone) return n;
   const double pn = sqrt(a.sq_norms[2 * t]), gn = sqrt(a.sq_norms[2 * t + 1]) * inv_scale;
   if (a.trust == TrustRatio::kLars) {
     const LarsTensor lars =
         lars_tensor(pn, gn, n.grad_mul, lr, a.trust_coefficient, a.weight_decay, a.eps, a.trust_clip);
     n.grad_mul = lars.grad_mul;
-    n.wd = lars.weight_decay;
+    n.weight_decay = lars.weight_decay;
   } else {
     n.lr = colossal_lars_lr(pn, gn, lr, a.trust_coefficient, a.weight_decay, a.eps);
   }
@@ -52,17 +48,8 @@ struct SgdFunctor {
     using M = typename Types::opmath;
     if (skip_step(a.s)) return;
     const Chunk chunk = chunk_of_block(meta);
-    const TensorNumbers n = tensor_numbers(a, chunk.tensor);
-    const SgdRule<M, D> rule{static_cast<M>(n.grad_mul),
-                             static_cast<M>(n.wd),
-                             static_cast<M>(a.momentum),
-                             static_cast<M>(1.0 - a.dampening),
-                             static_cast<M>(-n.lr),
-                             static_cast<M>(a.clamp),
-                             n.wd != 0.0,
-                             a.wd_after_momentum,
-                             a.nesterov,
-                             a.first_step};
+    const auto rule = sgd_rule<M, D>(tensor_numbers(a, chunk.tensor), a.momentum, a.dampening, a.clamp, a.nesterov,
+                                     a.wd_after_momentum, a.first_step);
     for_each_element<Types, kMutable, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kMomentum) {
         rule.apply(x[0], x[kLists - 1], x[1]);

@@ -12,6 +12,7 @@
 // ((1 - beta2)*g)*g.
 #pragma once
 
+#include "bias_correction.h"
 #include "host_device.h"
 #include "primitives.h"
 
@@ -20,11 +21,20 @@ namespace fused_optim {
 // The decoupled decay factor 1 - lr*wd, on double.
 FUSED_OPTIM_HD double decoupled_decay(double lr, double weight_decay) { return 1.0 - lr * weight_decay; }
 
+// Built by adam_rule (the call's numbers), then for_tensor (a tensor's).
 template <typename V>
 struct AdamRule {
   V grad_mul, wd, decay_mul, one_minus_beta1, beta2, one_minus_beta2, eps;
   V neg_step_size, inv_bc2_sqrt;  // per tensor
   bool has_wd, decoupled;
+
+  // This rule with the per-tensor numbers of a tensor's step (adam_step).
+  FUSED_OPTIM_HD AdamRule for_tensor(const AdamStep& s) const {
+    AdamRule r = *this;
+    r.neg_step_size = from_double<V>(-s.step_size);
+    r.inv_bc2_sqrt = from_double<V>(s.inv_bc2_sqrt);
+    return r;
+  }
 
   FUSED_OPTIM_HD void apply(V& p, V g, V& m, V& v) const { update(p, m, moments(p, g, m, v)); }
 
@@ -55,5 +65,25 @@ struct AdamRule {
     p = mul_add(neg_step_size, m / denom, p);
   }
 };
+
+// The rule of one adam_ call from its arguments (inv_scale: 1/grad_scale), without the per-tensor
+// numbers (zero until for_tensor sets them).
+template <typename V>
+FUSED_OPTIM_HD AdamRule<V> adam_rule(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                     bool decoupled, bool maximize, double inv_scale) {
+  AdamRule<V> r;
+  r.grad_mul = from_double<V>(maximize ? -inv_scale : inv_scale);
+  r.wd = from_double<V>(weight_decay);
+  r.decay_mul = from_double<V>(decoupled_decay(lr, weight_decay));
+  r.one_minus_beta1 = from_double<V>(1.0 - beta1);
+  r.beta2 = from_double<V>(beta2);
+  r.one_minus_beta2 = from_double<V>(1.0 - beta2);
+  r.eps = from_double<V>(eps);
+  r.neg_step_size = from_double<V>(0.0);
+  r.inv_bc2_sqrt = from_double<V>(0.0);
+  r.has_wd = weight_decay != 0.0;
+  r.decoupled = decoupled;
+  return r;
+}
 
 }  // namespace fused_optim

@@ -20,6 +20,7 @@
 
 namespace fused_optim {
 
+// Built by lamb_rule (below).
 template <typename V>
 struct LambRule {
   V grad_mul, wd, beta1, beta3, beta2, one_minus_beta2, eps;
@@ -100,6 +101,25 @@ FUSED_OPTIM_HD LambTensor lamb_tensor(double lr, const BiasCorrection& bc, bool 
 // gradient norm, unscaled (divided by grad_scale).
 FUSED_OPTIM_HD double lamb_grad_multiplier(double inv_scale, double grad_norm, double max_grad_norm) {
   return max_grad_norm > 0.0 && grad_norm > max_grad_norm ? inv_scale * max_grad_norm / grad_norm : inv_scale;
+}
+
+// The rule of one tensor: the call's options, its gradient multiplier (lamb_grad_multiplier) and
+// the tensor's numbers (lamb_tensor; their lr is the caller's, for apply).
+template <typename V>
+FUSED_OPTIM_HD LambRule<V> lamb_rule(const LambOptions& o, double grad_mul, const LambTensor& t) {
+  LambRule<V> r;
+  r.grad_mul = from_double<V>(grad_mul);
+  r.wd = from_double<V>(o.weight_decay);
+  r.beta1 = from_double<V>(o.beta1);
+  r.beta3 = from_double<V>(o.beta3);
+  r.beta2 = from_double<V>(o.beta2);
+  r.one_minus_beta2 = from_double<V>(1.0 - o.beta2);
+  r.eps = from_double<V>(o.eps);
+  r.c1 = from_double<V>(t.c1);
+  r.c2 = from_double<V>(t.c2);
+  r.has_wd = o.weight_decay != 0.0;
+  r.decoupled = o.decoupled;
+  return r;
 }
 
 }  // namespace fused_optim

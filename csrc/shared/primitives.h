@@ -9,6 +9,8 @@
 //   min_of(a, b)        b if b < a, else a (as std::min; per-tensor rules only)
 //   clamp_of(x, lo, hi) x limited to [lo, hi]; NaN stays NaN (as torch.clamp)
 //   sign_of(x)          -1, 0 or 1; 0 for ±0 and NaN (as torch.sign)
+// and from_double<V>(x), a per-tensor number (double) as a value of V, rounded once to V's element
+// type (the rules' factories, *_rule in *_math.h, build every field with it).
 #pragma once
 
 #include "host_device.h"
@@ -33,5 +35,17 @@ FUSED_OPTIM_HD double clamp_of(double x, double lo, double hi) { return x < lo ?
 
 FUSED_OPTIM_HD float sign_of(float x) { return x > 0.f ? 1.f : x < 0.f ? -1.f : 0.f; }
 FUSED_OPTIM_HD double sign_of(double x) { return x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0; }
+
+// from_double<V>: static_cast for float and double; simd_blocks.h specializes FromDouble for
+// at::vec::Vectorized<M> (static_cast<M>, then every lane).
+template <typename V>
+struct FromDouble {
+  static FUSED_OPTIM_HD V of(double x) { return static_cast<V>(x); }
+};
+
+template <typename V>
+FUSED_OPTIM_HD V from_double(double x) {
+  return FromDouble<V>::of(x);
+}
 
 }  // namespace fused_optim

@@ -20,6 +20,12 @@ namespace fused_optim {
 
 enum class SgdDirection { kPlain, kSign, kClamp };
 
+// A tensor's numbers: grad_mul, wd and lr above.
+struct SgdTensor {
+  double grad_mul, weight_decay, lr;
+};
+
+// Built by sgd_rule (below).
 template <typename V, SgdDirection D>
 struct SgdRule {
   V grad_mul, wd, momentum, one_minus_dampening, neg_lr;
@@ -60,5 +66,24 @@ struct SgdRule {
     }
   }
 };
+
+// The rule of one tensor: its numbers and the call's momentum, dampening, clamp bound (kClamp) and
+// flags; first_step: the momentum buffer's first step (buf <- d).
+template <typename V, SgdDirection D>
+FUSED_OPTIM_HD SgdRule<V, D> sgd_rule(const SgdTensor& t, double momentum, double dampening, double clamp,
+                                      bool nesterov, bool wd_after_momentum, bool first_step) {
+  SgdRule<V, D> r;
+  r.grad_mul = from_double<V>(t.grad_mul);
+  r.wd = from_double<V>(t.weight_decay);
+  r.momentum = from_double<V>(momentum);
+  r.one_minus_dampening = from_double<V>(1.0 - dampening);
+  r.neg_lr = from_double<V>(-t.lr);
+  r.bound = from_double<V>(clamp);
+  r.has_wd = t.weight_decay != 0.0;
+  r.wd_after_momentum = wd_after_momentum;
+  r.nesterov = nesterov;
+  r.first_step = first_step;
+  return r;
+}
 
 }  // namespace fused_optim

@@ -152,10 +152,11 @@ def test_editing_a_source_or_a_flag_changes_the_extension_name_and_another_insta
     shutil.copytree(_build.CSRC, tmp_path / "csrc")
     monkeypatch.setattr(_build, "CSRC", tmp_path / "csrc")
     assert names() == original  # keyed on content: the location does not count
-    shared = _build.CSRC / "shared" / "checks.h"
-    shared.write_text(shared.read_text() + "// edited\n")
-    cpu_edit, cuda_edit = names()
-    assert cpu_edit != original[0] and cuda_edit != original[1]  # both include csrc/shared
+    for header in ("shared/primitives.h", "host/checks.h"):  # both builds include csrc/shared and csrc/host
+        before = names()
+        (_build.CSRC / header).write_text((_build.CSRC / header).read_text() + "// edited\n")
+        cpu_edit, cuda_edit = names()
+        assert cpu_edit != before[0] and cuda_edit != before[1], header
     (_build.CSRC / "cpu" / "adam.cpp").write_text((_build.CSRC / "cpu" / "adam.cpp").read_text() + "// edited\n")
     assert names()[0] != cpu_edit and names()[1] == cuda_edit
     edited = names()

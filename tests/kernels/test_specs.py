@@ -70,13 +70,13 @@ def test_every_declared_op_is_called_by_a_registered_optimizer():
 
 
 def test_the_generated_cpp_header_matches_the_specs():
-    """csrc/shared/update_ops.h is generated from the specs (fused_optim/cpp_header.py): after an
+    """csrc/host/update_ops.h is generated from the specs (fused_optim/cpp_header.py): after an
     edit of specs.py, `python -m fused_optim.cpp_header` must be run, or the C++ kernels would be
     declared and registered with stale argument lists."""
     from fused_optim import cpp_header
 
     assert (_build.CSRC / cpp_header.HEADER).read_text() == cpp_header.render(), (
-        "csrc/shared/update_ops.h is out of date: run `python -m fused_optim.cpp_header`")
+        "csrc/host/update_ops.h is out of date: run `python -m fused_optim.cpp_header`")
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

@@ -1,6 +1,7 @@
-// Argument checks shared by the CPU and CUDA implementations of every op (ATen core only). Tensors
-// an op mutates must be contiguous (we never update a copy) and on params[0]'s device; read-only
-// inputs (grads) may be anything dense and are made contiguous here.
+// Argument checks shared by the CPU and CUDA implementations of every op (csrc/host: the host code
+// of both devices' ops, on ATen core; the torch-free math is csrc/shared). Tensors an op mutates
+// must be contiguous (we never update a copy) and on params[0]'s device; read-only inputs (grads)
+// may be anything dense and are made contiguous here.
 #pragma once
 
 #include <ATen/core/List.h>

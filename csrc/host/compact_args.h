@@ -4,7 +4,7 @@
 #pragma once
 
 #include "checks.h"
-#include "state_codes.h"
+#include "../shared/state_codes.h"
 
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
