@@ -119,7 +119,7 @@ def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum,
 
 def sparse_indices(d: int, k: int, random_sparse: bool, generator=None) -> torch.Tensor:
     """The flat indices of the k coordinates sparsified SGD sends from a tensor of d elements (the
-    draws of csrc/shared/sparse_indices.h): randperm(d)[:k], or the block [b·k, min(b·k + k, d))
+    draws of csrc/host/sparse_indices.h): randperm(d)[:k], or the block [b·k, min(b·k + k, d))
     with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing."""
     k = min(k, d)  # k >= d sends every coordinate
     if d == 0:
