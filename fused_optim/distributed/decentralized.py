@@ -73,15 +73,21 @@ class DecentralizedSGD(CommunicatingOptimizer):
         if world > 1:
             comm.check_same_params("DecentralizedSGD", params)
 
-    def _check_graph(self, world: int, actual: int) -> None:
-        """One row of the adjacency matrix per rank, gathered: every rank sees every error."""
-        row = [0] * (world + 2)  # [adjacency..., bad neighbour entry, rank argument mismatch]
+    def _adjacency_row(self, world: int, actual: int) -> list[int]:
+        """This rank's row of the adjacency matrix, then two flags: a bad neighbour entry (outside
+        the group, the rank itself, or named twice) and a rank argument that is not the process's."""
+        row = [0] * (world + 2)
         for n in self.neighbors:
             if 0 <= n < world and n != actual and not row[n]:
                 row[n] = 1
             else:
                 row[world] = 1
         row[world + 1] = int(self.rank != actual)
+        return row
+
+    def _check_graph(self, world: int, actual: int) -> None:
+        """One row of the adjacency matrix per rank, gathered: every rank sees every error."""
+        row = self._adjacency_row(world, actual)
         rows = comm.gather_rows("DecentralizedSGD", row, self.params[0].device) if world > 1 else torch.tensor([row])
         wrong_rank = [r for r in range(world) if rows[r, world + 1]]
         if wrong_rank:

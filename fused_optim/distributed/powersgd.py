@@ -146,9 +146,19 @@ class PowerSGD(CommunicatingOptimizer):
         self.bucket_cap_mb = bucket_cap_mb
         self.generator = torch.Generator().manual_seed(seed)
         self.iteration = 0
+        self._choose_compressed()
+        self.q: list[Tensor | None] | None = None  # per kind, the flat Qᵀ of its matrices (warm start), once drawn
+        if self.world_size > 1:
+            comm.check_same_params("PowerSGD", params)
+
+    def _choose_compressed(self) -> None:
+        """Which params are compressed: a param of 2 or more dims, seen as its n × m matrix, when
+        n·m > (n + m)·min(n, m, rank)·min_compression_rate (what P and Q send against the matrix);
+        the others are averaged exactly. Groups the compressed ones by dtype and device."""
+        params, rank = self.params, self.rank
         shapes = [(p.shape[0], p.numel() // p.shape[0]) if p.ndim > 1 and p.numel() else None for p in params]
         self.compressed = [i for i, s in enumerate(shapes)
-                           if s is not None and s[0] * s[1] > (s[0] + s[1]) * min(*s, rank) * min_compression_rate]
+                           if s is not None and s[0] * s[1] > (s[0] + s[1]) * min(*s, rank) * self.min_compression_rate]
         self.exact = [i for i in range(len(params)) if i not in set(self.compressed)]
         self._shapes = [shapes[i] for i in self.compressed]
         self._ranks = [min(n, m, rank) for n, m in self._shapes]
@@ -160,9 +170,6 @@ class PowerSGD(CommunicatingOptimizer):
         for k, i in enumerate(self.compressed):
             kinds.setdefault((params[i].dtype, params[i].device), []).append(k)
         self._kinds = list(kinds.values())
-        self.q: list[Tensor | None] | None = None  # per kind, the flat Qᵀ of its matrices (warm start), once drawn
-        if self.world_size > 1:
-            comm.check_same_params("PowerSGD", params)
 
     def _draw_queries(self, qs: list[Tensor]) -> None:
         """Fill each Q with N(0, 1) samples from the private generator (the same on every rank)."""
