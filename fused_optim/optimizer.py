@@ -69,6 +69,11 @@ from .specs import SPECS
 FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 FUSED_DEVICE_TYPES = ("cpu", "cuda")
 
+# torch.optim's words when ``fused=True`` meets a param its fused kernels do not take (a
+# non-floating param, or one on a device without kernels): ours say them too, so that code
+# matching torch's message matches ours.
+TORCH_FUSED_REFUSAL = "`fused=True` requires all the params to be floating point Tensors of supported devices"
+
 _build_warnings_shown: set[str] = set()  # device types whose failed build was reported
 # Added to ``defaults`` by torch's ``Optimizer.__setstate__`` (so by every load_state_dict); a
 # group must not gain it, or a state dict changes across save/load.
@@ -156,13 +161,30 @@ def _step_as_tensor(state: dict) -> None:
         state["step"] = torch.tensor(float(step), dtype=scalar_dtype())
 
 
+def _param_states(state: dict):
+    """The params' state dicts among an ``optimizer.state``'s values (keyed by a tensor, as torch
+    keys them; other keys hold whatever hooks stored there)."""
+    return (value for key, value in state.items() if isinstance(key, Tensor) and isinstance(value, dict))
+
+
+def torch_fused_refusal(p: Tensor) -> str | None:
+    """torch.optim's refusal of ``p`` under ``fused=True`` (with its devices and the param's dtype
+    and device), or None when torch's check takes it."""
+    if p.is_floating_point() and p.device.type in FUSED_DEVICE_TYPES:
+        return None
+    return f"{TORCH_FUSED_REFUSAL}: {list(FUSED_DEVICE_TYPES)} but {p.dtype} and {p.device.type}"
+
+
 def _place_step(p: Tensor, state: dict) -> None:
     """Keeps a step counter on its param's device, as torch's fused optimizers do: float32 on a
     GPU, where the kernels read and increment it without a host sync; on the CPU otherwise. (A
-    state dict saved on one device and loaded for params on another moves its counters here.)"""
+    state dict saved on one device and loaded for params on another moves its counters here.)
+    A param on a device without kernels (``meta``: shape tracing) keeps its counter on the CPU,
+    as torch's for-loop optimizers do: the reference implementation reads it as a number."""
     step = state.get("step")
-    if isinstance(step, Tensor) and step.device != p.device:
-        state["step"] = step.to(p.device, torch.float32 if p.device.type == "cuda" else step.dtype)
+    device = p.device if p.device.type in FUSED_DEVICE_TYPES else torch.device("cpu")
+    if isinstance(step, Tensor) and step.device != device:
+        state["step"] = step.to(device, torch.float32 if device.type == "cuda" else step.dtype)
 
 
 @dataclass
@@ -383,8 +405,10 @@ class _ParamState(dict):
 class _StateDict(defaultdict):
     """``optimizer.state`` that counts the changes of its state dicts (``version``): a param's
     state dict assigned or removed (Lightning's optimizer_to_device replaces them when it moves
-    state), or an entry of one (``_ParamState``: every param's state dict is one), so that cached
-    lists notice when a state tensor is replaced."""
+    state), or an entry of one (``_ParamState``: every dict stored in it becomes one), so that
+    cached lists notice when a state tensor is replaced. Like torch's ``defaultdict(dict)`` it
+    takes any key and value: a value that is not a dict (``state["ran_hook"] = True``, as
+    torch's state-dict hooks store) is kept as it is."""
 
     def __init__(self, items=()):
         self._changes = _Changes()
@@ -402,7 +426,7 @@ class _StateDict(defaultdict):
 
     def __setitem__(self, key, value) -> None:
         self._changes.count += 1
-        if not (isinstance(value, _ParamState) and value._changes is self._changes):
+        if isinstance(value, dict) and not (isinstance(value, _ParamState) and value._changes is self._changes):
             value = _ParamState(value, self._changes)
         super().__setitem__(key, value)
 
@@ -506,13 +530,15 @@ class FusedOptimizer(torch.optim.Optimizer):
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
 
     def state_dict(self) -> dict:
-        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other)."""
+        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other);
+        entries of ``optimizer.state`` that are not dicts are kept as they are, as torch does."""
         state_dict = super().state_dict()
-        state_dict["state"] = {key: dict(value) for key, value in state_dict["state"].items()}
+        state_dict["state"] = {key: dict(value) if isinstance(value, _ParamState) else value
+                               for key, value in state_dict["state"].items()}
         return state_dict
 
     def __setstate__(self, state: dict) -> None:
-        for param_state in state.get("state", {}).values():
+        for param_state in _param_states(state.get("state", {})):
             self._check_state(param_state)
         super().__setstate__(state)
         for group in self.param_groups:  # groups saved by torch.optim lack our keys
@@ -524,7 +550,7 @@ class FusedOptimizer(torch.optim.Optimizer):
         self.__dict__.setdefault("implementation", "reference" if self.fused is False else None)
         self.__dict__.setdefault("_warned", set())
         self.state = _StateDict(self.state)
-        for param_state in self.state.values():
+        for param_state in _param_states(self.state):
             _step_as_tensor(param_state)
         self._plans = {}  # load_state_dict ends here: state tensors were replaced
         self._checked = {}  # (and the groups)
@@ -542,7 +568,7 @@ class FusedOptimizer(torch.optim.Optimizer):
             return isinstance(value, Tensor) and key != "step" and (keep(st) or value.dtype == torch.bfloat16)
 
         kept = {pid: {k: v for k, v in st.items() if saved_as_is(st, k, v)}
-                for pid, st in state_dict["state"].items()}
+                for pid, st in state_dict["state"].items() if isinstance(st, dict)}
         # The state format is the loading optimizer's choice, not the checkpoint's: keep the groups'.
         formats = [{k: g[k] for k in state_formats.OPTIONS if k in g} for g in self.param_groups]
         super().load_state_dict(state_dict)
@@ -712,9 +738,10 @@ class FusedOptimizer(torch.optim.Optimizer):
             if g is None:
                 continue
             if not p.is_floating_point():
+                torch_words = f"(fused=True): {torch_fused_refusal(p)};" if self.fused else ":"
                 raise RuntimeError(
-                    f"{type(self).__name__}: param {i} of group {gi} has dtype {p.dtype}; only floating-point "
-                    "params can be optimized (torch.optim fails on it too); leave it out of the optimizer"
+                    f"{type(self).__name__}{torch_words} param {i} of group {gi} has dtype {p.dtype}; only "
+                    "floating-point params can be optimized (torch.optim fails on it too); leave it out of the optimizer"
                 )
             if p.layout is not torch.strided:  # before its state is made: zeros_like(sparse) fails unclearly
                 raise RuntimeError(
@@ -739,7 +766,7 @@ class FusedOptimizer(torch.optim.Optimizer):
                 kernels[kind] = self.fused is not False and self._kernels_available(kind)
             reason = self._unfusable(p, state, group) if kernels[kind] else "kernels unavailable"
             if reason and self.fused is not False and kernels[kind]:
-                self._fallback(f"param {i} of group {gi} {reason}")
+                self._fallback(f"param {i} of group {gi} {reason}", torch_fused_refusal(p))
             by_kind.setdefault((layers.of(p), p.device, p.dtype, reason is None), []).append(i)
         fresh_ids = {id(made.state) for made in plan.created}
         for (_, _, _, fused), index in by_kind.items():
@@ -937,10 +964,14 @@ class FusedOptimizer(torch.optim.Optimizer):
                             f"param {i} of group {gi} has a {g.dtype} gradient")
         return None
 
-    def _fallback(self, why: str) -> None:
+    def _fallback(self, why: str, torch_words: str | None = None) -> None:
+        """Under ``fused=True`` raises saying ``why`` the kernels cannot be used (after torch's
+        ``torch_words`` for the same refusal, if any); else warns once per reason, which the
+        reference implementation then handles."""
         hint = "make the tensors contiguous/supported, or pass fused=False"
         if self.fused:
-            raise RuntimeError(f"{type(self).__name__}(fused=True): {why}; {hint}")
+            prefix = f"{torch_words}; " if torch_words else ""
+            raise RuntimeError(f"{type(self).__name__}(fused=True): {prefix}{why}; {hint}")
         if why not in self._warned:
             self._warned.add(why)
             warnings.warn(
