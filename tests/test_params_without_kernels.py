@@ -12,7 +12,7 @@ import torch
 from torch.nn import Parameter
 
 import fused_optim
-from fused_optim.optimizer import TORCH_FUSED_REFUSAL
+from fused_optim.fallback import TORCH_FUSED_REFUSAL
 
 NAMES = ("SGD", "Adam", "AdamW")
 KWARGS = {"SGD": {"lr": 0.1, "momentum": 0.9}, "Adam": {"lr": 0.1}, "AdamW": {"lr": 0.1}}
