@@ -43,6 +43,14 @@ def lr_missing(group: dict) -> bool:
     return group.get("lr") is None
 
 
+def positive_int(name: str, value: int) -> int:
+    """``value`` if it is an int >= 1 (a count: ranks, backward passes, windows), else
+    ``ValueError("Invalid <name>: ...")``."""
+    if not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"Invalid {name}: {value!r} (an int >= 1)")
+    return value
+
+
 def check_nonnegative(name: str, value: Any) -> None:
     check_range(f"{name} value", value, is_real(value) and value >= 0.0, f"{name} must be >= 0")
 
