@@ -9,8 +9,8 @@ updated one after the other, as torch.optim's per-param loop does. A plan is reu
 group's params list, the set of params with grads, the group's layout and options, and the
 optimizer's state are unchanged: the group's ``params`` is a :class:`ParamList` and
 ``optimizer.state`` a :class:`StateDict`, containers that count their changes (a param added or
-replaced, a state dict or state tensor assigned anew), so that checking for a change costs two
-integer comparisons per step. The base class (:mod:`.optimizer`) builds and runs the plans.
+replaced, a state dict or state tensor assigned anew), so that a step looks for a change by
+comparing counters, not lists. The base class (:mod:`.optimizer`) builds and runs the plans.
 """
 
 from __future__ import annotations
