@@ -61,6 +61,10 @@ import torch
 
 from .specs import SPECS
 
+# What the update ops' kernels take: params (and grads) of these dtypes on these device types.
+FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+FUSED_DEVICE_TYPES = ("cpu", "cuda")
+
 # The list op's and its bucket twin's schemas, from the op's declaration in specs.py.
 UPDATE_OPS = {name: spec.schemas() for name, spec in SPECS.items()}
 L2NORM_SCHEMA = "(Tensor[] tensors) -> (Tensor, Tensor)"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import (FusedOptimizer, as_betas, check_betas, check_flag, check_lr, check_nonnegative,
-                        scalar_dtype, state_like)
+from .checks import as_betas, check_betas, check_flag, check_lr, check_nonnegative
+from .optimizer import FusedOptimizer
+from .param_state import scalar_dtype, state_like
 
 
 _MOMENTS = ("step", "exp_avg", "exp_avg_sq")

@@ -1,15 +1,19 @@
 """AdaScale: gain-driven learning-rate scaling for large-batch training (fairscale's API and numerics,
 robust to real training loops), on :class:`GradientStatistics`, the per-window gradient statistics it
-shares with :class:`~fused_optim.NoiseScale`."""
+shares with :class:`~fused_optim.NoiseScale`.
+
+This module holds the plumbing: the gradient hooks that sum each micro-batch's ‖g‖² and count the
+backward passes of a window, the window's end (in the backward pass that completes it, or in a
+short window's ``step()``), the loss scales under AMP, the wrapped optimizer's step and the state
+dict. The statistics' arithmetic (estimates, EWMAs, gain, noise scale) is in
+:mod:`.gradient_stats_math`."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-import math
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -17,13 +21,26 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _build, _ops
+from . import gradient_stats_math as stats
+from .checks import positive_int
+from .gradient_stats_math import Window
 from .norm import grad_sum_squares_, sum_squares_
 from .optimizer import run_closure
 
-_SQR, _VAR = "grad_sqr_avg", "grad_var_avg"
-# The noise-scale averages, per group, in units of one micro-batch: tr(Σ)/B_micro and |G|², the
-# unbiased per-window estimates (not clamped: a negative |G|² estimate is part of an unbiased mean).
-NOISE_VAR, NOISE_SQR = "noise_var_avg", "noise_sqr_avg"
+# The window counters the gradient hooks share with Python: one int64 CPU tensor
+# (``GradientStatistics._counts``) that the C++ hooks (csrc/cpu/grad_norms.cpp) read and write at
+# these positions, as the Python hooks do.
+PASSES = 0  # backward passes of the current window
+LAST_TASK = 1  # the autograd graph task id of the last pass counted (-1: none yet)
+WINDOW_PASSES = 2  # the passes that complete a window (c); the hooks end it at that count
+HANDLE = 3  # the object's key in _WINDOW_OWNERS, by which the window-end op finds it
+
+
+def _window_counts(handle: int) -> Tensor:
+    """The counters of a new window (see PASSES ... HANDLE); the window length is set later."""
+    counts = torch.zeros(4, dtype=torch.int64)
+    counts[LAST_TASK], counts[HANDLE] = -1, handle
+    return counts
 
 
 class GradientStatistics(torch.optim.Optimizer):
@@ -57,18 +74,16 @@ class GradientStatistics(torch.optim.Optimizer):
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
-        # [backward passes of the window, graph task id of the last, passes that end the window,
-        #  this object's handle]: the C++ hooks count in it and end the window (see _hook).
-        self._counts = torch.tensor([0, -1, 0, next(_handles)])
-        _WINDOW_OWNERS[int(self._counts[3])] = self
+        # The hooks count the window's backward passes in it and end the window (see _hook).
+        self._counts = _window_counts(next(_handles))
+        _WINDOW_OWNERS[int(self._counts[HANDLE])] = self
         self._local = self._zeros()
         # The ended window's sums, before the loss scales are known: see _end_window.
-        self._pending: _Window | None = None
+        self._pending: Window | None = None
         self._last_loss_scale: float | None = None  # the loss scale of the last AMP step
         self._warned_stale_scale = False
         # The averages (and their accumulators), one float per group (tensors in the state dict).
-        self._avg: dict[str, list[float]] = {_SQR: [1.0] * len(self.param_groups),
-                                             _VAR: [0.0] * len(self.param_groups)}
+        self._avg: dict[str, list[float]] = stats.initial_averages(len(self.param_groups))
         self.set_num_gradients_to_accumulate(num_gradients_to_accumulate, update_smoothing=True)
         if smoothing is not None:
             self._smoothing = float(smoothing)
@@ -108,16 +123,16 @@ class GradientStatistics(torch.optim.Optimizer):
         allocator cannot reuse their memory.)"""
         sum_squares_(self._local, [grad], [gi])
         task = torch._C._current_graph_task_id()
-        if int(self._counts[1]) != task:
-            self._counts[1] = task
-            self._counts[0] += 1
-            if int(self._counts[0]) == int(self._counts[2]):
+        if int(self._counts[LAST_TASK]) != task:
+            self._counts[LAST_TASK] = task
+            self._counts[PASSES] += 1
+            if int(self._counts[PASSES]) == int(self._counts[WINDOW_PASSES]):
                 _queue_window_end(self._counts)
 
     @property
     def _backwards(self) -> int:
         """Backward passes of the current window."""
-        return int(self._counts[0])
+        return int(self._counts[PASSES])
 
     # ---- the averages -------------------------------------------------------------------------
     @property
@@ -142,10 +157,7 @@ class GradientStatistics(torch.optim.Optimizer):
         batch stops paying off (McCandlish et al. 2018). NaN before the first window; inf while the
         averaged |G|² estimate is not positive (the noise dominates every batch measured)."""
         avg, _ = self._current()
-        if NOISE_VAR not in avg:
-            return math.nan
-        var, sqr = sum(avg[NOISE_VAR]), sum(avg[NOISE_SQR])
-        return micro_batch_size * var / sqr if sqr > 0 else math.inf
+        return stats.noise_scale(avg, micro_batch_size)
 
     def _preview_loss_scales(self) -> tuple[float, float]:
         """The loss scales ``step()`` will divide the pending window's sums by, as far as they are
@@ -171,9 +183,7 @@ class GradientStatistics(torch.optim.Optimizer):
         if scale < 1:
             raise ValueError(f"Invalid scale: {scale} (must be >= 1)")
         if update_estimate:
-            for name in (_VAR, _VAR + "_biased", _VAR + "_total"):
-                if name in self._avg:
-                    self._avg[name] = [v * (self._scale / scale) for v in self._avg[name]]
+            self._avg = stats.rescaled(self._avg, self._scale, scale)
         self._scale = float(scale)
 
     @property
@@ -187,8 +197,8 @@ class GradientStatistics(torch.optim.Optimizer):
     def set_num_gradients_to_accumulate(self, num_gradients_to_accumulate: int, update_smoothing: bool = True) -> None:
         """New c (backward passes per step); resets β to its default unless update_smoothing=False."""
         self._outside_window("set_num_gradients_to_accumulate")
-        self._accum = _positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
-        self._counts[2] = self._accum
+        self._accum = positive_int("num_gradients_to_accumulate", num_gradients_to_accumulate)
+        self._counts[WINDOW_PASSES] = self._accum
         if update_smoothing:
             self._smoothing = max(1 - self._world_size * self._accum / 1000, 0.0)
 
@@ -196,7 +206,7 @@ class GradientStatistics(torch.optim.Optimizer):
         """New N (the ranks whose micro-batches a step pools); resets β to its default unless
         update_smoothing=False. The scale is not changed (see :meth:`set_scale`)."""
         self._outside_window("set_world_size")
-        self._world_size = _positive_int("world_size", world_size)
+        self._world_size = positive_int("world_size", world_size)
         self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
 
     def set_window(self, world_size: int, num_gradients_to_accumulate: int) -> None:
@@ -267,7 +277,7 @@ class GradientStatistics(torch.optim.Optimizer):
         if grads:
             torch._foreach_div_(grads, float(self._accum))
 
-    def _loss_scales(self, window: _Window, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
+    def _loss_scales(self, window: Window, grad_scale: Tensor | None, found_inf: Tensor | None) -> tuple[float, float]:
         """The loss scales that the window's micro-batch sums and ``.grad`` sums carry: the
         scaler's ``grad_scale`` for both, or, after ``scaler.unscale_(self)`` (``found_inf`` alone),
         ``grad_scaler``'s for the micro-batches, and for ``.grad`` too if its sums were taken at
@@ -290,7 +300,7 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def _reset_window(self) -> None:
         self._local.zero_()
-        self._counts[0] = 0
+        self._counts[PASSES] = 0
         self._pending = None
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
@@ -313,7 +323,7 @@ class GradientStatistics(torch.optim.Optimizer):
         completes the window."""
         self._pending = self._end_window(at_backward_end=True)
 
-    def _end_window(self, at_backward_end: bool) -> _Window:
+    def _end_window(self, at_backward_end: bool) -> Window:
         """The window's sums: the micro-batch sums pooled over ranks (the one all-reduce) and
         ``.grad``'s, still carrying the loss scales (known only at ``step()``)."""
         c = self._backwards
@@ -324,59 +334,20 @@ class GradientStatistics(torch.optim.Optimizer):
         total = self._zeros()
         grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
         # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
-        return _Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
+        return Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
                        at_backward_end)
 
-    def _averaged(self, window: _Window, micro_scale: float, grad_scale: float) -> dict[str, list[float]]:
+    def _averaged(self, window: Window, micro_scale: float, grad_scale: float) -> dict[str, list[float]]:
         """The averages after ``window`` (the current ones when it cannot estimate, or when its
         statistics are not finite)."""
-        c, scale = window.passes, window.scale
-        local = [x / micro_scale**2 for x in window.local]
-        total = [x / grad_scale**2 for x in window.total]
-        if self._accum > 1:  # the grads hold c of the c-scaled (or unscaled) micro-batch losses
-            if self._is_scaled_loss:
-                local = [x * self._accum**2 for x in local]
-                total = [x * (self._accum / c) ** 2 for x in total]
-            else:
-                total = [x / c**2 for x in total]
-        cn = self._world_size * c
-        if cn <= 1:
-            return self._avg
-        var = [lo * (scale / cn) / (cn - 1) - to * scale / (cn - 1) for lo, to in zip(local, total)]
-        sqr = [to - v / scale for to, v in zip(total, var)]
-        if not all(math.isfinite(x) for x in var + sqr):
-            return self._avg
-        avg = dict(self._avg)
-        # var is the variance at the scale's base batch (cN/S micro-batches); sqr is |G|² already
-        self._update_avg(avg, NOISE_VAR, [v * cn / scale for v in var])
-        self._update_avg(avg, NOISE_SQR, sqr)
-        self._update_avg(avg, _SQR, [max(q, 0.0) for q in sqr])
-        self._update_avg(avg, _VAR, [max(v, 1e-6) for v in var])
-        return avg
+        return stats.averaged(self._avg, window, micro_scale, grad_scale, accum=self._accum,
+                              world_size=self._world_size, is_scaled_loss=self._is_scaled_loss,
+                              beta=self._smoothing, debias=self._debias_ewma)
 
     def _zeros(self) -> Tensor:
         """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
         device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
         return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
-
-    def _update_avg(self, avg: dict[str, list[float]], name: str, value: list[float]) -> None:
-        """One EWMA step of ``avg[name]`` (and its accumulators) towards ``value``; ``avg``'s
-        lists are replaced, never changed in place."""
-        beta, zeros = self._smoothing, [0.0] * len(value)
-        if self._debias_ewma:
-            biased = [beta * b + (1 - beta) * v for b, v in zip(avg.get(name + "_biased", zeros), value)]
-            unbias = [beta * u + (1 - beta) for u in avg.get(name + "_unbias", zeros)]
-            avg[name + "_biased"], avg[name + "_unbias"] = biased, unbias
-            avg[name] = [b / u for b, u in zip(biased, unbias)]
-            return
-        count = avg.get(name + "_count", [0.0])[0] + 1
-        avg[name + "_count"] = [count]
-        if count < 1 / (1 - beta):
-            total = [t + v for t, v in zip(avg.get(name + "_total", zeros), value)]
-            avg[name + "_total"] = total
-            avg[name] = [t / count for t in total]
-        else:
-            avg[name] = [beta * a + (1 - beta) * v for a, v in zip(avg[name], value)]
 
     # ---- optimizer API ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -391,10 +362,7 @@ class GradientStatistics(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         self._outside_window("add_param_group")
         self._optimizer.add_param_group(param_group)
-        for name, value in self._avg.items():
-            if not name.endswith("_count"):
-                fill = 1.0 if name == _SQR else 0.0
-                self._avg[name] = [*value, fill]
+        self._avg = stats.with_new_group(self._avg)
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -446,12 +414,12 @@ class GradientStatistics(torch.optim.Optimizer):
         self._optimizer.load_state_dict(state_dict)  # first: torch checks the state before it loads
         self._load_extra(saved)
         self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
-        self._counts[0] = int(saved.pop("backwards"))
+        self._counts[PASSES] = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
         self._accum = int(saved.pop("num_gradients_to_accumulate"))
-        self._counts[2] = self._accum
-        self._pending = None if "ended_local" not in saved else _Window(
+        self._counts[WINDOW_PASSES] = self._accum
+        self._pending = None if "ended_local" not in saved else Window(
             saved.pop("ended_local").tolist(), saved.pop("ended_total").tolist(), int(saved.pop("ended_passes")),
             float(saved.pop("ended_scale")), bool(saved.pop("ended_at_backward_end")))
         self._avg = {name: value.tolist() for name, value in saved.items()}
@@ -473,8 +441,8 @@ class GradientStatistics(torch.optim.Optimizer):
     def __setstate__(self, state: dict) -> None:
         """The copy gets its own handle and hooks on its own params (which share its sums)."""
         self.__dict__.update(state)
-        self._counts[3] = next(_handles)
-        _WINDOW_OWNERS[int(self._counts[3])] = self
+        self._counts[HANDLE] = next(_handles)
+        _WINDOW_OWNERS[int(self._counts[HANDLE])] = self
         self._hook()
 
     def __repr__(self) -> str:
@@ -567,10 +535,10 @@ class AdaScale(GradientStatistics):
         Between the backward pass that completes a window and ``step()``, this is the gain that
         ``step()`` applies: the window's statistics are already in the averages it reads."""
         avg, window_scale = self._current()
-        var, sqr = avg[_VAR], avg[_SQR]
+        var, sqr = avg[stats.VAR], avg[stats.SQR]
         var, sqr = (sum(var), sum(sqr)) if pg_idx is None else (var[pg_idx], sqr[pg_idx])
         s = scale if scale is not None else window_scale if window_scale is not None else self._scale
-        return (var + sqr) / (var / s + sqr)
+        return stats.gain(var, sqr, s)
 
     def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         """The inner step with each group's lr multiplied by its gain (then restored exactly); τ += gain()."""
@@ -601,28 +569,14 @@ def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer._optimizer if isinstance(optimizer, AdaScale) else optimizer
 
 
-@dataclass(frozen=True)
-class _Window:
-    """An ended accumulation window's sums, per group: the micro-batch ‖g‖² pooled over ranks
-    (``local``) and ‖.grad‖² (``total``), both still carrying the loss scales; its backward passes,
-    its scale S·c'/c, and whether ``total`` was taken at the end of the backward pass (before a
-    ``scaler.unscale_``) or in ``step()``."""
-
-    local: list[float]
-    total: list[float]
-    passes: int
-    scale: float
-    at_backward_end: bool
-
-
 _handles = itertools.count()
-# The live GradientStatistics by handle (counts[3]), for the window-end op the C++ hooks call.
+# The live GradientStatistics by handle (counts[HANDLE]), for the window-end op the C++ hooks call.
 _WINDOW_OWNERS: weakref.WeakValueDictionary[int, GradientStatistics] = weakref.WeakValueDictionary()
 
 
 def _window_end(counts: Tensor) -> None:
     """``fused_optim::adascale_window_end``: the end of the backward pass that completed a window."""
-    ada = _WINDOW_OWNERS.get(int(counts[3]))
+    ada = _WINDOW_OWNERS.get(int(counts[HANDLE]))
     if ada is not None:
         ada._window_ended_in_backward()
 
@@ -635,12 +589,6 @@ def _queue_window_end(counts: Tensor) -> None:
     twice, like the C++ hooks', so it runs after the callbacks queued later in the pass (DDP's)."""
     engine = torch.autograd.Variable._execution_engine
     engine.queue_callback(lambda: engine.queue_callback(lambda: _window_end(counts)))
-
-
-def _positive_int(name: str, value: int) -> int:
-    if not (isinstance(value, int) and value >= 1):
-        raise ValueError(f"Invalid {name}: {value!r} (an int >= 1)")
-    return value
 
 
 class _NativeHook:

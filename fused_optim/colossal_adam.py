@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from .adam import FusedAdam
-from .optimizer import check_flag, is_real
+from .checks import check_flag, is_real
 from .state_files import StateFiles
 
 _OFFLOADED = ("exp_avg", "exp_avg_sq")  # the state that nvme_offload_fraction puts in files

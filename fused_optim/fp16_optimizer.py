@@ -13,7 +13,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .norm import multi_tensor_l2norm
-from .optimizer import is_real, run_closure
+from .checks import is_real
+from .optimizer import run_closure
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 
@@ -335,39 +336,51 @@ def _number(value: Any) -> bool:
     return is_real(value) and not isinstance(value, bool)
 
 
+def _need(name: str, value: Any, ok: bool, what: str) -> None:
+    """A ValueError naming the argument and what it needs, unless ``ok``."""
+    if not ok:
+        raise ValueError(f"FP16Optimizer: invalid {name}={value!r} ({what})")
+
+
 def _check_options(world_size, grad_clip, init_scale, scale_factor, scale_window, max_scale, min_scale,
                    average_world, average_custom, divide_before, flatten, fused) -> None:
     """ValueErrors naming the argument and what it needs."""
-    def need(name: str, value: Any, ok: bool, what: str) -> None:
-        if not ok:
-            raise ValueError(f"FP16Optimizer: invalid {name}={value!r} ({what})")
-
-    need("world_size", world_size, isinstance(world_size, int) and not isinstance(world_size, bool)
-         and world_size >= 1, "an int >= 1")
-    need("grad_clip", grad_clip, _number(grad_clip) and grad_clip > 0,
-         "a number > 0; float('inf') for no clipping (mlbench's positional use_cuda is not an argument here)")
-    need("init_scale", init_scale, _number(init_scale) and 0 < init_scale < math.inf, "a finite number > 0")
-    need("scale_factor", scale_factor, _number(scale_factor) and 1 < scale_factor < math.inf,
-         "a finite number > 1")
-    need("scale_window", scale_window, isinstance(scale_window, int) and not isinstance(scale_window, bool)
-         and scale_window >= 1, "an int >= 1")
-    need("max_scale", max_scale, max_scale is None or (_number(max_scale) and max_scale > 0),
-         "None or a number > 0")
-    need("min_scale", min_scale, _number(min_scale) and 0 <= min_scale < math.inf, "a finite number >= 0")
+    _need("world_size", world_size, isinstance(world_size, int) and not isinstance(world_size, bool)
+          and world_size >= 1, "an int >= 1")
+    _need("grad_clip", grad_clip, _number(grad_clip) and grad_clip > 0,
+          "a number > 0; float('inf') for no clipping (mlbench's positional use_cuda is not an argument here)")
+    _check_loss_scaling(init_scale, scale_factor, scale_window, max_scale, min_scale)
     for name, value in [("average_world", average_world), ("average_custom", average_custom),
                         ("divide_before", divide_before), ("flatten", flatten)]:
-        need(name, value, isinstance(value, bool), "True or False")
-    need("fused", fused, fused is None or isinstance(fused, bool), "None, True or False")
+        _need(name, value, isinstance(value, bool), "True or False")
+    _need("fused", fused, fused is None or isinstance(fused, bool), "None, True or False")
     if average_world == average_custom:
         raise ValueError(f"FP16Optimizer: average_world={average_world} and average_custom={average_custom}: give "
                          "exactly one of them True (average_world divides the summed grads by world_size, "
                          "average_custom by the denom given to step())")
     if world_size > 1:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(f"FP16Optimizer: world_size={world_size} needs torch.distributed initialized first "
-                               "(torch.distributed.init_process_group)")
-        need("world_size", world_size, world_size == dist.get_world_size(),
-             f"the process group has {dist.get_world_size()} ranks")
+        _check_process_group(world_size)
+
+
+def _check_loss_scaling(init_scale, scale_factor, scale_window, max_scale, min_scale) -> None:
+    """The dynamic loss scaler's options."""
+    _need("init_scale", init_scale, _number(init_scale) and 0 < init_scale < math.inf, "a finite number > 0")
+    _need("scale_factor", scale_factor, _number(scale_factor) and 1 < scale_factor < math.inf,
+          "a finite number > 1")
+    _need("scale_window", scale_window, isinstance(scale_window, int) and not isinstance(scale_window, bool)
+          and scale_window >= 1, "an int >= 1")
+    _need("max_scale", max_scale, max_scale is None or (_number(max_scale) and max_scale > 0),
+          "None or a number > 0")
+    _need("min_scale", min_scale, _number(min_scale) and 0 <= min_scale < math.inf, "a finite number >= 0")
+
+
+def _check_process_group(world_size: int) -> None:
+    """A world size above 1 is the initialized process group's."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"FP16Optimizer: world_size={world_size} needs torch.distributed initialized first "
+                           "(torch.distributed.init_process_group)")
+    _need("world_size", world_size, world_size == dist.get_world_size(),
+          f"the process group has {dist.get_world_size()} ranks")
 
 
 def _check_params(params: list[Tensor], flatten: bool) -> None:

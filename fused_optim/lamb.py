@@ -7,8 +7,9 @@ import torch
 
 from .adam import check_moments, decoupled_flag, init_moments
 from .norm import sum_squares_
-from .optimizer import (FusedOptimizer, as_betas, check_betas, check_flag, check_lr, check_nonnegative,
-                        check_range, in_group_terms, is_real)
+from .checks import as_betas, check_betas, check_flag, check_lr, check_nonnegative, check_range, is_real
+from .fallback import in_group_terms
+from .optimizer import FusedOptimizer
 
 
 class _LambBase(FusedOptimizer):

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .optimizer import check_nonnegative
+from .checks import check_nonnegative
 from .sgd import MomentumOptimizer
 
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from .adascale import GradientStatistics, _positive_int
+from .adascale import GradientStatistics
+from .checks import positive_int
 from .metrics import BATCH, NOISE_SCALE, SUGGESTED_BATCH
 
 
@@ -54,7 +55,7 @@ class NoiseScale(GradientStatistics):
         if isinstance(optimizer, GradientStatistics):
             raise TypeError(f"NoiseScale: the optimizer is a {type(optimizer).__name__}, which measures the noise "
                             "scale already: read optimizer.noise_scale(micro_batch_size) instead of wrapping it")
-        self.micro_batch_size = _positive_int("micro_batch_size", micro_batch_size)
+        self.micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
         super().__init__(optimizer, world_size, None, smoothing, num_gradients_to_accumulate, is_scaled_loss,
                          debias_ewma, grad_scaler)
 
@@ -103,8 +104,8 @@ class AccumulationRamp:
     """
 
     def __init__(self, max_accumulation: int, min_windows: int = 20):
-        self.max_accumulation = _positive_int("max_accumulation", max_accumulation)
-        self.min_windows = _positive_int("min_windows", min_windows)
+        self.max_accumulation = positive_int("max_accumulation", max_accumulation)
+        self.min_windows = positive_int("min_windows", min_windows)
         self._windows = 0
 
     def count_window(self) -> None:

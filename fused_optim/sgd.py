@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .optimizer import FusedOptimizer, check_flag, check_lr, check_nonnegative, state_like
+from .checks import check_flag, check_lr, check_nonnegative
+from .optimizer import FusedOptimizer
+from .param_state import state_like
 
 
 class MomentumOptimizer(FusedOptimizer):

@@ -6,7 +6,9 @@ import numbers
 
 import torch
 
-from .optimizer import FusedOptimizer, check_lr, check_nonnegative, check_range, state_like
+from .checks import check_lr, check_nonnegative, check_range
+from .optimizer import FusedOptimizer
+from .param_state import state_like
 
 
 class SparsifiedSGD(FusedOptimizer):

@@ -29,6 +29,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from . import state_formats
+
 AMP_ARGS = "Tensor? lr_tensor=None, Tensor? grad_scale=None, Tensor? found_inf=None"
 
 
@@ -76,20 +78,34 @@ class Scalar:
 
 def _store_8bit(codes: Tensor, absmax: Tensor, signed: bool, x: Tensor) -> Tensor:
     """Encodes x into (codes, absmax); returns the values they now hold."""
-    from .state_formats import decode_8bit, encode_8bit
-
-    new_codes, new_absmax = encode_8bit(x, signed)
+    new_codes, new_absmax = state_formats.encode_8bit(x, signed)
     codes.copy_(new_codes)
     absmax.copy_(new_absmax)
-    return decode_8bit(codes, absmax, signed)
+    return state_formats.decode_8bit(codes, absmax, signed)
 
 
 def _store_bf16(t: Tensor, bits: Tensor | None, x: Tensor) -> Tensor:
     """Rounds x into the bf16 tensor t; returns the values it now holds."""
-    from .state_formats import round_bf16
-
-    t.copy_(round_bf16(x, bits))
+    t.copy_(state_formats.round_bf16(x, bits))
     return t.float()
+
+
+def _decoded_8bit(codes: list[Tensor], absmaxes: list[Tensor], signed: bool) -> tuple[list, list]:
+    """The fp32 values of a list of 8-bit state tensors, and for each the function storing new
+    values back (:func:`_store_8bit`)."""
+    decoded = [state_formats.decode_8bit(t, absmax, signed) for t, absmax in zip(codes, absmaxes)]
+    return decoded, [functools.partial(_store_8bit, t, absmax, signed) for t, absmax in zip(codes, absmaxes)]
+
+
+def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int) -> tuple[list, list]:
+    """A list of bf16 state tensors as they are, and for each the function storing new values
+    back (:func:`_store_bf16`): rounded to nearest even, or with ``keys`` stochastically, with
+    the random bits of the kernels' ``stream`` for this list."""
+    if keys is None:
+        bits = [None] * len(tensors)
+    else:
+        bits = [state_formats.random_bits(int(key), stream, t.numel()) for key, t in zip(keys, tensors)]
+    return list(tensors), [functools.partial(_store_bf16, t, b) for t, b in zip(tensors, bits)]
 
 
 @dataclass(frozen=True)
@@ -160,39 +176,14 @@ class OpSpec:
         books and random bits as the kernels (fused_optim/state_formats.py), advance the keys.
         A reference that ``settles`` gets ``settle(t)``: it encodes the fp32 state tensor t now
         and makes t the values stored (decoded), which the reference then reads back."""
-        from . import state_formats as sf
-
         count = len(self.state)
         state = [list(x) for x in lists[:count]]
         absmaxes, keys, per_step = lists[count], lists[count + 1], lists[count + 2:]
         found_inf = kwargs.get("found_inf")
         if found_inf is not None and bool(found_inf.item()):
             return
-        values = state[-1] or params
-        math_dtype = torch.float64 if values[0].dtype == torch.float64 else torch.float32  # the kernels' opmath
-        n = len(params)
-        pending = {}  # id of fp32 values -> (the values, how to store them back), until stored
-        slot = 0  # the 8-bit lists' absmax slot
-        for k, spec in self.compact_lists():
-            tensors = state[k]
-            stochastic_bf16 = stochastic_state and bool(tensors) and tensors[0].dtype == torch.bfloat16
-            if not tensors or (tensors[0].dtype == values[0].dtype and not stochastic_bf16):
-                continue
-            if tensors[0].dtype == torch.uint8:
-                signed = spec.sample != "nonnegative"
-                for i, t in enumerate(tensors):
-                    scale = absmaxes[slot * n + i]
-                    tensors[i] = sf.decode_8bit(t, scale, signed).to(math_dtype)
-                    pending[id(tensors[i])] = tensors[i], functools.partial(_store_8bit, t, scale, signed)
-                slot += 1
-            else:
-                for i, t in enumerate(tensors):
-                    bits = sf.random_bits(int(keys[i]), 1 + k, t.numel()) if stochastic_state else None
-                    tensors[i] = t.to(math_dtype)
-                    pending[id(tensors[i])] = tensors[i], functools.partial(_store_bf16, t, bits)
-        run_params = params
-        if stochastic_params:
-            run_params = [p.float() for p in params]
+        pending = self._decode_compact(state, params, absmaxes, keys, stochastic_state)
+        run_params = [p.float() for p in params] if stochastic_params else params
 
         def settle(t: Tensor) -> None:
             if id(t) in pending:
@@ -205,10 +196,36 @@ class OpSpec:
             store(x)
         if stochastic_params:
             for i, (p, x) in enumerate(zip(params, run_params)):
-                p.copy_(sf.round_bf16(x, sf.random_bits(int(keys[i]), 0, p.numel())))
+                p.copy_(state_formats.round_bf16(x, state_formats.random_bits(int(keys[i]), 0, p.numel())))
         if stochastic_state or stochastic_params:
             for key in keys:
                 key.add_(1)
+
+    def _decode_compact(self, state: list[list], params: list, absmaxes: list, keys: list,
+                        stochastic_state: bool) -> dict:
+        """Replaces, in ``state``, each compact state tensor by its values in the kernels' math
+        type (fp32; fp64 for fp64 values), and returns, by id of those values, ``(values, store)``:
+        ``store(x)`` writes x back into the compact tensor (with the kernels' random bits when
+        bf16 state rounds stochastically) and returns the values it now holds."""
+        values = state[-1] or params
+        math_dtype = torch.float64 if values[0].dtype == torch.float64 else torch.float32  # the kernels' opmath
+        n = len(params)
+        pending = {}  # id of fp32 values -> (the values, how to store them back), until stored
+        slot = 0  # the 8-bit lists' absmax slot
+        for k, spec in self.compact_lists():
+            tensors = state[k]
+            stochastic_bf16 = stochastic_state and bool(tensors) and tensors[0].dtype == torch.bfloat16
+            if not tensors or (tensors[0].dtype == values[0].dtype and not stochastic_bf16):
+                continue
+            if tensors[0].dtype == torch.uint8:
+                decoded, stores = _decoded_8bit(tensors, absmaxes[slot * n:(slot + 1) * n], spec.sample != "nonnegative")
+                slot += 1
+            else:
+                decoded, stores = _decoded_bf16(tensors, keys if stochastic_state else None, 1 + k)
+            for i, (x, store) in enumerate(zip(decoded, stores)):
+                tensors[i] = x.to(math_dtype)
+                pending[id(tensors[i])] = tensors[i], store
+        return pending
 
     def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
         """The reference implementation, called as the op is: with master weights (the last state

@@ -36,8 +36,6 @@ the thread count, the reference reproduces the kernels' bits, and a resumed run 
 
 from __future__ import annotations
 
-import struct
-
 import torch
 from torch import Tensor
 

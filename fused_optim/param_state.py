@@ -1,0 +1,170 @@
+"""A param's state beyond its algorithm's update rule: step counters, fp32 masters and compact moments.
+
+The base class makes a param's state on its first step (``_init_state``, the algorithm's hook,
+between :func:`make_master` and :func:`to_group_format`) and keeps it where the kernels read it:
+
+* **Step counters** are torch.optim's 0-dim tensors (:func:`scalar_dtype`), kept on the param's
+  device where it has kernels and on the CPU otherwise (:func:`place_step`).
+* **Master weights** (``master_weights=True``): an fp16/bf16 param gets ``state["master_param"]``,
+  an fp32 copy made on its first step; its other state is made like the master (:func:`state_like`).
+* **Compact state** (``state_dtype``, ``state_rounding``, ``stochastic_rounding``; the formats are
+  defined in :mod:`.state_formats`): a group that sets them keeps the moments in bf16 or 8-bit
+  codes, plus per-param rounding keys; :func:`to_group_format` brings a param's moments to its
+  group's format, :func:`compact_lists` gives the compact twin ops their extra lists. A plain
+  group only decodes moments loaded in another format (:func:`in_other_format`).
+* **Loading**: torch's ``load_state_dict`` casts every state tensor to its param's dtype; the
+  tensors that must stay as saved (masters, codes, rounding keys, bf16 moments) are taken from
+  the checkpoint before and put back after (:func:`kept_as_saved`, :func:`restore_kept`), and
+  the groups keep their own format options (:func:`group_formats`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import state_formats
+from ._ops import FUSED_DEVICE_TYPES
+from .spec import OpSpec
+
+
+def state_like(p: Tensor, state: dict) -> Tensor:
+    """What a param's state tensors are made like (shape, dtype, device): its fp32 master under
+    master weights (``state["master_param"]``, made before ``_init_state`` runs), else the param."""
+    return state.get("master_param", p)
+
+
+def scalar_dtype() -> torch.dtype:
+    """dtype of a step counter (torch.optim's ``_get_scalar_dtype``): float64 under a float64
+    default dtype, else float32."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def step_as_tensor(state: dict) -> None:
+    """A plain-number ``step`` (state dicts of torch < 1.12) becomes the 0-dim counter torch.optim
+    makes of it when it loads one (``Adam.__setstate__``): the kernels count in a tensor."""
+    step = state.get("step")
+    if step is not None and not isinstance(step, Tensor):
+        state["step"] = torch.tensor(float(step), dtype=scalar_dtype())
+
+
+def place_step(p: Tensor, state: dict) -> None:
+    """Keeps a step counter on its param's device, as torch's fused optimizers do: float32 on a
+    GPU, where the kernels read and increment it without a host sync; on the CPU otherwise. (A
+    state dict saved on one device and loaded for params on another moves its counters here.)
+    A param on a device without kernels (``meta``: shape tracing) keeps its counter on the CPU,
+    as torch's for-loop optimizers do: the reference implementation reads it as a number."""
+    step = state.get("step")
+    device = p.device if p.device.type in FUSED_DEVICE_TYPES else torch.device("cpu")
+    if isinstance(step, Tensor) and step.device != device:
+        state["step"] = step.to(device, torch.float32 if device.type == "cuda" else step.dtype)
+
+
+def make_master(p: Tensor, state: dict, group: dict, gi: int, i: int) -> None:
+    """With the group's ``master_weights``, an fp16/bf16 param's fp32 master
+    (``state["master_param"]``), made from the param on its first step."""
+    if p.dtype not in (torch.float16, torch.bfloat16):
+        return
+    if not group.get("master_weights"):
+        if "master_param" in state:
+            raise RuntimeError(f"param {i} of group {gi} has a master_param in its state, but the group's "
+                               "master_weights is False; set it back to True, or drop the param's state")
+        return
+    if "master_param" not in state:
+        state["master_param"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+
+
+def compact_keys(spec: OpSpec) -> list[tuple[str, bool]]:
+    """(state key, signed) of the state tensors a compact format may hold (the op's moments)."""
+    return [(lst.state_key, lst.sample != "nonnegative") for _, lst in spec.compact_lists()]
+
+
+def in_other_format(p: Tensor, state: dict, keys: list[tuple[str, bool]]) -> bool:
+    """Whether a param's moments (``keys``) are held in a dtype other than its values' (loaded,
+    or made by its group under another ``state_dtype``): a plain group decodes them."""
+    values = state_like(p, state).dtype
+    return any(isinstance(state.get(key), Tensor) and state[key].dtype != values for key, _ in keys)
+
+
+def to_group_format(p: Tensor, state: dict, group: dict, gi: int, i: int, keys: list[tuple[str, bool]]) -> None:
+    """Brings a param's moments to its group's ``state_dtype`` (new zeros, or state loaded or
+    made in another format: decoded and encoded) and gives it a rounding key when the group
+    rounds stochastically (see fused_optim/state_formats.py)."""
+    values = state_like(p, state).dtype
+    state_formats.convert_state(state, keys, state_formats.target_dtype(group, values))
+    stochastic = group.get("state_rounding") == "stochastic" or group.get("stochastic_rounding")
+    if stochastic and state_formats.ROUNDING_KEY not in state:
+        state[state_formats.ROUNDING_KEY] = state_formats.initial_key(gi, i)
+
+
+def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[dict], lists: tuple):
+    """The compact twin's flags and its two extra lists (absmaxes of the 8-bit state lists,
+    list-major, and the rounding keys) for a bucket whose op lists are ``lists``."""
+    absmaxes = []
+    for k, lst in spec.compact_lists():
+        if lists[k] and lists[k][0].dtype == torch.uint8:
+            absmaxes += [st[state_formats.absmax_key(lst.state_key)] for st in states]
+    moments = [lists[k] for k, _ in spec.compact_lists() if lists[k]]
+    half_values = state_like(params[0], states[0]).dtype == torch.bfloat16
+    flags = dict(stochastic_state=group.get("state_rounding") == "stochastic" and bool(moments)
+                 and moments[0][0].dtype == torch.bfloat16,
+                 stochastic_params=bool(group.get("stochastic_rounding")) and half_values
+                 and "master_param" not in states[0])
+    stochastic = flags["stochastic_state"] or flags["stochastic_params"]
+    keys = [st[state_formats.ROUNDING_KEY] for st in states] if stochastic else []
+    return flags, (absmaxes, keys)
+
+
+def expected_state(name: str, group: dict, p: Tensor, values: torch.dtype,
+                   keys: list[tuple[str, bool]] | None) -> tuple[torch.dtype, torch.device]:
+    """(dtype, device) the kernels need state tensor ``name`` of param ``p`` in: the group's
+    format for a moment of a compact group (``keys``: its moments; None for a plain group), an
+    int64 CPU tensor for a rounding key (read on the host), fp32 for an 8-bit absmax, else the
+    values' dtype (``values``: the param's, or its master's)."""
+    if name == state_formats.ROUNDING_KEY:
+        return torch.int64, torch.device("cpu")
+    if name.endswith("_absmax"):
+        return torch.float32, p.device
+    if keys is not None and any(name == key for key, _ in keys):
+        return state_formats.target_dtype(group, values), p.device
+    return values, p.device
+
+
+def kept_as_saved(saved_state: dict) -> dict:
+    """Per saved param id, the state tensors ``load_state_dict`` keeps as saved rather than cast
+    to the param's dtype as torch does: every tensor (but ``step``) of a state with a master
+    (fp32 under an fp16 param) or with compact state (uint8 codes, int64 rounding keys), and bf16
+    moments (bf16 state of an fp32 param)."""
+    kept = {}
+    for pid, st in saved_state.items():
+        if not isinstance(st, dict):
+            continue
+        whole = "master_param" in st or any(isinstance(v, Tensor) and v.dtype in (torch.uint8, torch.int64)
+                                            for v in st.values())
+        kept[pid] = {k: v for k, v in st.items()
+                     if isinstance(v, Tensor) and k != "step" and (whole or v.dtype == torch.bfloat16)}
+    return kept
+
+
+def restore_kept(state: dict, saved_groups: list[dict], groups: list[dict], kept: dict) -> None:
+    """Puts the tensors of :func:`kept_as_saved` into the loaded ``state``, on their params'
+    devices (rounding keys on the CPU, where the kernels read them on every device)."""
+    saved_ids = (pid for g in saved_groups for pid in g["params"])
+    params = (p for g in groups for p in g["params"])
+    for pid, p in zip(saved_ids, params):
+        for key, value in kept.get(pid, {}).items():
+            state[p][key] = value.to(device="cpu" if key == state_formats.ROUNDING_KEY else p.device)
+
+
+def group_formats(groups: list[dict]) -> list[dict]:
+    """Each group's compact-state options: the state format is the loading optimizer's choice, not
+    the checkpoint's (see :func:`set_group_formats`)."""
+    return [{k: g[k] for k in state_formats.OPTIONS if k in g} for g in groups]
+
+
+def set_group_formats(groups: list[dict], formats: list[dict]) -> None:
+    """Gives loaded groups the options :func:`group_formats` took before the load."""
+    for group, own in zip(groups, formats):
+        for key in state_formats.OPTIONS:
+            group.pop(key, None)
+        group.update(own)
