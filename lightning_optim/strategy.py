@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from fused_optim.process_group import end_process_group
 
+from ._compat import FailureAwareSpawnLauncher
 from .wrapping import as_adascale
 
 
@@ -24,7 +25,12 @@ class GroupEndingDDPStrategy(DDPStrategy):
     Not at the end of ``fit``: a later ``trainer.test``, ``save_checkpoint`` or second ``fit`` in
     the same process reuses the group, and a group re-created at once on the same port could meet
     another rank's old one, still up. After a failed run the group is left alone: ending it waits
-    for every rank, which a failed run may never bring."""
+    for every rank, which a failed run may never bring (the failing rank would wait at exit for
+    ranks blocked in a collective with it, and the launcher, waiting for it, would never end them).
+    A rank started by the popen launcher learns of the failure at ``teardown``; a spawned rank,
+    where Lightning runs no hook on a failure, from its launcher
+    (:class:`~lightning_optim._compat.FailureAwareSpawnLauncher`): it then exits at once, and
+    Lightning's launcher ends the other ranks and raises the failing rank's error."""
 
     @override
     def setup_distributed(self) -> None:
@@ -33,11 +39,23 @@ class GroupEndingDDPStrategy(DDPStrategy):
         atexit.register(end_process_group)
 
     @override
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self._start_method != "popen":
+            self._launcher = FailureAwareSpawnLauncher(self, self._start_method, leave_group_at_exit)
+
+    @override
     def teardown(self) -> None:
         trainer = _attached_trainer(self.lightning_module)
         super().teardown()
         if trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED:
-            atexit.unregister(end_process_group)
+            leave_group_at_exit()
+
+
+def leave_group_at_exit() -> None:
+    """After a failure: this rank's exit does not end the process group (see
+    :class:`GroupEndingDDPStrategy`)."""
+    atexit.unregister(end_process_group)
 
 
 class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
