@@ -7,6 +7,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from fused_optim import AdaScale
@@ -34,6 +35,8 @@ class AdaScaleCallback(Callback):
     * Logs ``adascale/gain`` (the gain the update applied), ``adascale/tau`` and ``adascale/lr``
       (the lr the update applied to group 0: its scheduled lr × gain) once per optimizer update
       (AMP-skipped ones excepted), to the logger and (``prog_bar``) the progress bar.
+    * A scheduler stepped per epoch (``interval="epoch"``, LightningCLI's ``--lr_scheduler``) does
+      not follow τ: a warning at fit start names the fix.
     * A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer class>``, not
       ``lr-AdaScale``), and each series shows, once per update, the lr that update applied
       (scheduled lr × gain; the gain is known only after the window's last backward, so the
@@ -112,6 +115,8 @@ class AdaScaleCallback(Callback):
             for config in trainer.lr_scheduler_configs:
                 if config.interval == "step":
                     hand_over_scheduler(config)  # from now on only this callback steps it (to ⌊τ⌋)
+                elif not (config.reduce_on_plateau or is_handed_over(config)):
+                    _warn_epoch_scheduler(config)
 
     @override
     def on_train_start(self, trainer, pl_module) -> None:
@@ -177,6 +182,16 @@ class AdaScaleCallback(Callback):
     @staticmethod
     def _adascale(trainer) -> AdaScale:
         return trainer.strategy.optimizers[0]
+
+
+def _warn_epoch_scheduler(config) -> None:
+    """The warning for a scheduler that the trainer steps per epoch (not by τ)."""
+    name = config.name or type(config.scheduler).__name__
+    rank_zero_warn(f"AdaScaleCallback: the lr scheduler {name} steps per {config.interval}, not by τ (the "
+                   "scale-invariant steps), so its schedule ignores the gain. For a τ-driven schedule return "
+                   '{"scheduler": scheduler, "interval": "step"} from configure_optimizers, with the schedule\'s '
+                   "length in steps (e.g. T_max=1000), or use lightning_optim.StepSchedulerCLI in place of "
+                   "LightningCLI; to keep it per epoch, pass AdaScaleCallback(follow_tau=False)", category=UserWarning)
 
 
 def _accumulation(trainer) -> int:

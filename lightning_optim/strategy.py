@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import TrainerStatus
 from typing_extensions import override
@@ -14,6 +15,7 @@ from typing_extensions import override
 from fused_optim.process_group import end_process_group
 
 from ._compat import FailureAwareSpawnLauncher
+from .callback import AdaScaleCallback
 from .wrapping import as_adascale
 
 
@@ -62,13 +64,18 @@ class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
     """``DDPStrategy`` whose optimizers are wrapped in :class:`fused_optim.AdaScale` with the
     world size and ``accumulate_grad_batches`` of the trainer; the module stays unchanged.
 
+    Under automatic optimization the trainer also gets an
+    :class:`~lightning_optim.AdaScaleCallback` (with this strategy's AdaScale options) if its
+    callbacks have none, so τ drives the ``interval="step"`` schedulers and the ``adascale/*``
+    metrics are logged as with the callback; give your own ``AdaScaleCallback`` for a τ target or
+    other options. (Manual optimization steps its schedulers itself: nothing is added.)
+
     Args:
         scale, smoothing, is_scaled_loss, debias_ewma: passed to AdaScale (Lightning divides each
             micro-batch loss by the accumulation count, so ``is_scaled_loss=True`` fits it).
         *args, **kwargs: ``DDPStrategy``'s (``start_method``, ``process_group_backend``, ...).
 
-    Example (add :class:`lightning_optim.AdaScaleCallback` for τ-driven schedules, logging and a
-    τ target)::
+    Example::
 
         import lightning.pytorch as pl, lightning_optim
         trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="adascale_ddp_spawn",
@@ -82,6 +89,21 @@ class AdaScaleDDPStrategy(GroupEndingDDPStrategy):
         super().__init__(*args, **kwargs)
         self.adascale_kwargs = dict(scale=scale, smoothing=smoothing, is_scaled_loss=is_scaled_loss,
                                     debias_ewma=debias_ewma)
+
+    @override
+    def setup_environment(self) -> None:
+        """DDP's, then the :class:`AdaScaleCallback` the trainer lacks (before a checkpoint's
+        callback states are restored, which comes next; ahead of the checkpoint callbacks, which
+        save its state after it has seen the batch)."""
+        super().setup_environment()
+        module = self.lightning_module
+        trainer = _attached_trainer(module)
+        if trainer is None or not module.automatic_optimization:
+            return
+        if not any(isinstance(callback, AdaScaleCallback) for callback in trainer.callbacks):
+            first_checkpoint = next((i for i, callback in enumerate(trainer.callbacks)
+                                     if isinstance(callback, Checkpoint)), len(trainer.callbacks))
+            trainer.callbacks.insert(first_checkpoint, AdaScaleCallback(**self.adascale_kwargs))
 
     @override
     def setup_optimizers(self, trainer) -> None:
