@@ -1,5 +1,6 @@
-"""lightning_optim's AdaScale as a user meets it: the strategy alone schedules by τ, and a
-scheduler that cannot follow τ is named at fit start. One process (a DDP strategy on one device)."""
+"""lightning_optim's AdaScale as a user meets it: the strategy alone schedules by τ, a scheduler
+that cannot follow τ is named at fit start, and the gain an update applied is readable from any
+callback, whatever the order of the callbacks. One process (a DDP strategy on one device)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 import lightning_optim
 from fused_optim.metrics import GAIN
 from fused_optim.process_group import end_process_group
-from test_lightning import FAST, Regressor, loader, sgd
+from test_lightning import FAST, Regressor, hand_loop, loader, sgd
 
 EPOCH_WARNING = "AdaScaleCallback: the lr scheduler"
 
@@ -87,3 +88,32 @@ def test_a_scheduler_stepped_per_epoch_is_named_once_at_fit_start(make, warns):
         assert "StepSchedulerCLI" in message and "follow_tau=False" in message
     else:
         assert ours == []
+
+
+class ReadsTheGain(Callback):
+    """A user's callback: in each ``on_train_batch_end``, the AdaScaleCallback's ``applied_gain``."""
+
+    def __init__(self):
+        self.gains = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        adascale = next(cb for cb in trainer.callbacks if isinstance(cb, lightning_optim.AdaScaleCallback))
+        self.gains.append(adascale.applied_gain)
+
+
+@pytest.mark.parametrize("user_first", [True, False], ids=["user-callback-first", "user-callback-last"])
+def test_applied_gain_is_the_update_just_applied_whatever_the_callback_order(user_first):
+    """10 micro-batches, accumulation 4: updates after batches 3, 7 and 9 (the last window short).
+    ``applied_gain`` is the gain of the update of that batch (the hand loop's Δτ), None where no
+    update was applied, the same listed before or after AdaScaleCallback."""
+    reader, adascale = ReadsTheGain(), lightning_optim.AdaScaleCallback()
+    trainer = pl.Trainer(max_epochs=1, accumulate_grad_batches=4,
+                         callbacks=[reader, adascale] if user_first else [adascale, reader], **FAST)
+    trainer.fit(Regressor(sgd), loader(10))
+    _, want = hand_loop([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]], 4)
+    taus = [t for _, t in want]
+    gains = [b - a for a, b in zip([0.0] + taus, taus)]
+    assert [i for i, g in enumerate(reader.gains) if g is not None] == [3, 7, 9]
+    assert [g for g in reader.gains if g is not None] == pytest.approx(gains, rel=1e-9)
+    assert min(gains) > 1.0 and len(set(gains)) == 3  # a stale (previous) gain would not match
+    assert trainer.callback_metrics[GAIN].item() == pytest.approx(gains[-1], rel=1e-6)  # logged as float32
