@@ -13,6 +13,9 @@ changes one fails there, by name, instead of inside a training run.
 * :func:`sync_module_states`: Lightning's broadcast of rank 0's params and buffers, which honours
   DDP's list of params to ignore (Lightning 2.6.6).
 * :func:`should_compress`: torch's rule for which tensors ``powerSGD_hook`` compresses (torch 2.13).
+* :class:`FailureAwareSpawnLauncher`: ``DDPStrategy._configure_launcher`` and Lightning's spawn
+  launcher (``_MultiProcessingLauncher``), whose ranks run the fit without Lightning's exception
+  handling — no strategy or callback hook runs in a spawned rank that raises (Lightning 2.6.6).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.overrides.distributed import _sync_module_states
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 from typing_extensions import override
 
@@ -39,6 +43,34 @@ sync_module_states = _sync_module_states
 # torch 2.13: ``_should_compress(num_rows, num_cols, matrix_approximation_rank, min_compression_rate)``
 # returns ``(compress, uncompressed size, compressed size)``.
 should_compress = _should_compress
+
+
+# Lightning 2.6.6: ``DDPStrategy._configure_launcher()`` sets ``self._launcher``, for start methods
+# other than "popen" a ``_MultiProcessingLauncher(strategy, start_method=...)``, whose
+# ``launch(function, *args, trainer=None, **kwargs)`` runs ``function(*args, **kwargs)`` in each rank.
+
+
+class FailureAwareSpawnLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn launcher whose ranks call ``on_failure()`` (a picklable function) when the
+    launched function raises, then re-raise: in a spawned rank Lightning calls no
+    ``on_exception`` or ``teardown`` hook, the exception goes straight to torch's process wrapper."""
+
+    def __init__(self, strategy, start_method: str, on_failure) -> None:
+        super().__init__(strategy, start_method=start_method)
+        self.on_failure = on_failure
+
+    @override
+    def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
+        return super().launch(functools.partial(_run_or_fail, function, self.on_failure), *args, trainer=trainer,
+                              **kwargs)
+
+
+def _run_or_fail(function, on_failure, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return function(*args, **kwargs)
+    except BaseException:
+        on_failure()
+        raise
 
 
 def hand_over_scheduler(config) -> None:

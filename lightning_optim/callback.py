@@ -7,6 +7,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from fused_optim import AdaScale
@@ -34,6 +35,10 @@ class AdaScaleCallback(Callback):
     * Logs ``adascale/gain`` (the gain the update applied), ``adascale/tau`` and ``adascale/lr``
       (the lr the update applied to group 0: its scheduled lr × gain) once per optimizer update
       (AMP-skipped ones excepted), to the logger and (``prog_bar``) the progress bar.
+    * :attr:`applied_gain`: the gain of the update this batch applied, for other callbacks and the
+      module, in their ``on_train_batch_end`` whatever the order of the callbacks.
+    * A scheduler stepped per epoch (``interval="epoch"``, LightningCLI's ``--lr_scheduler``) does
+      not follow τ: a warning at fit start names the fix.
     * A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer class>``, not
       ``lr-AdaScale``), and each series shows, once per update, the lr that update applied
       (scheduled lr × gain; the gain is known only after the window's last backward, so the
@@ -90,6 +95,8 @@ class AdaScaleCallback(Callback):
         self._tau = 0.0  # as of the last batch: what a checkpoint saves
         self._restored_tau: float | None = None
         self._applied_lrs: list[float] | None = None  # each group's lr in the last inner step
+        self._tau_at_batch_start = 0.0
+        self._optimizer: AdaScale | None = None  # during a fit
         self._step_hook = None
         self._lr_series: AppliedLrSeries | None = None
 
@@ -106,12 +113,15 @@ class AdaScaleCallback(Callback):
         inner = inner_optimizer(strategy.optimizers[0])
         strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, _accumulation(trainer),
                                            **self.adascale_kwargs)]
+        self._optimizer = strategy.optimizers[0]
         self._step_hook = inner.register_step_post_hook(self._record_applied_lrs)
         self._lr_series = AppliedLrSeries(trainer, strategy.optimizers[0], inner)
         if self.follow_tau:
             for config in trainer.lr_scheduler_configs:
                 if config.interval == "step":
                     hand_over_scheduler(config)  # from now on only this callback steps it (to ⌊τ⌋)
+                elif not (config.reduce_on_plateau or is_handed_over(config)):
+                    _warn_epoch_scheduler(config)
 
     @override
     def on_train_start(self, trainer, pl_module) -> None:
@@ -127,6 +137,20 @@ class AdaScaleCallback(Callback):
         opt, accumulate = self._adascale(trainer), _accumulation(trainer)
         if opt.num_gradients_to_accumulate != accumulate:
             as_adascale(opt, trainer.world_size, accumulate)
+        self._applied_lrs = None
+        self._tau_at_batch_start = opt.scale_invariant_steps
+
+    @property
+    def applied_gain(self) -> float | None:
+        """The gain of the update applied in the current batch (Δτ: the lr multiplier of that
+        update, summed over the param groups as in τ), or None if this batch applied no update (a
+        micro-batch inside an accumulation window, an AMP-skipped step). Set inside the optimizer
+        step, so it is the same in every callback's (and the module's) ``on_train_batch_end``,
+        listed before or after this callback; it holds until the next batch starts. The value
+        logged as ``adascale/gain``."""
+        if self._applied_lrs is None or self._optimizer is None:
+            return None
+        return self._optimizer.scale_invariant_steps - self._tau_at_batch_start
 
     # ---- after each batch: schedules, stop, logs -----------------------------------------------
     def _record_applied_lrs(self, optimizer, args, kwargs) -> None:
@@ -137,8 +161,7 @@ class AdaScaleCallback(Callback):
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
         opt = self._adascale(trainer)
-        tau, previous_tau = opt.scale_invariant_steps, self._tau
-        self._tau = tau
+        tau = self._tau = opt.scale_invariant_steps
         for config in trainer.lr_scheduler_configs:
             if is_handed_over(config):
                 while config.scheduler.last_epoch < math.floor(tau):
@@ -146,9 +169,8 @@ class AdaScaleCallback(Callback):
         if self.tau_target is not None:
             reached = trainer.strategy.reduce_boolean_decision(tau >= self.tau_target, all=False)
             trainer.should_stop = trainer.should_stop or reached
-        applied_lrs, self._applied_lrs = self._applied_lrs, None
-        if applied_lrs is not None:  # this batch updated the params
-            self._log_update(pl_module, tau - previous_tau, tau, applied_lrs)
+        if self._applied_lrs is not None:  # this batch updated the params
+            self._log_update(pl_module, self.applied_gain, tau, self._applied_lrs)
 
     def _log_update(self, pl_module, gain: float, tau: float, applied_lrs: list[float]) -> None:
         """The AdaScale metrics (if ``log``) and the LearningRateMonitor series of this update."""
@@ -163,7 +185,7 @@ class AdaScaleCallback(Callback):
         if self._step_hook is not None:
             self._step_hook.remove()
             self._lr_series.detach()
-            self._step_hook = self._lr_series = None
+            self._step_hook = self._lr_series = self._optimizer = None
 
     # ---- checkpoints ---------------------------------------------------------------------------
     @override
@@ -177,6 +199,16 @@ class AdaScaleCallback(Callback):
     @staticmethod
     def _adascale(trainer) -> AdaScale:
         return trainer.strategy.optimizers[0]
+
+
+def _warn_epoch_scheduler(config) -> None:
+    """The warning for a scheduler that the trainer steps per epoch (not by τ)."""
+    name = config.name or type(config.scheduler).__name__
+    rank_zero_warn(f"AdaScaleCallback: the lr scheduler {name} steps per {config.interval}, not by τ (the "
+                   "scale-invariant steps), so its schedule ignores the gain. For a τ-driven schedule return "
+                   '{"scheduler": scheduler, "interval": "step"} from configure_optimizers, with the schedule\'s '
+                   "length in steps (e.g. T_max=1000), or use lightning_optim.StepSchedulerCLI in place of "
+                   "LightningCLI; to keep it per epoch, pass AdaScaleCallback(follow_tau=False)", category=UserWarning)
 
 
 def _accumulation(trainer) -> int:

@@ -91,3 +91,30 @@ def test_lightnings_loop_leaves_a_handed_over_scheduler_alone(hand_over):
     config = trainer.lr_scheduler_configs[0]
     assert _compat.is_handed_over(config) == hand_over
     assert config.scheduler.last_epoch == (0 if hand_over else 5)
+
+
+def test_spawn_launcher_is_configured_and_launches_as_used():
+    """``DDPStrategy._configure_launcher`` and ``_MultiProcessingLauncher.launch(function, *args,
+    trainer=None, **kwargs)`` as FailureAwareSpawnLauncher uses them; each spawn strategy of
+    lightning_optim gets that launcher, the popen ones Lightning's own."""
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+
+    assert parameters(DDPStrategy._configure_launcher) == ["self"]
+    assert parameters(_MultiProcessingLauncher.launch) == ["self", "function", "args", "trainer", "kwargs"]
+    for name in ("adascale_ddp_spawn", "centralized_spawn", "decentralized_spawn", "powersgd_ddp_spawn",
+                 "adascale_ddp"):
+        launcher = pl.Trainer(devices=2, strategy=name, **FAST).strategy.launcher
+        assert isinstance(launcher, _compat.FailureAwareSpawnLauncher) == name.endswith("_spawn"), name
+
+
+def test_a_failing_launched_function_calls_on_failure_then_raises():
+    failures = []
+
+    def fail(x):
+        raise ValueError(f"failed with {x}")
+
+    assert _compat._run_or_fail(lambda x: x + 1, lambda: failures.append(1), 1) == 2 and failures == []
+    with pytest.raises(ValueError, match="failed with 3"):
+        _compat._run_or_fail(fail, lambda: failures.append(1), 3)
+    assert failures == [1]
