@@ -36,7 +36,9 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
             (``runner.max_iters``: mmengine's ETA and the log's ``[iter/max_iters]``) then follows
             τ: after each iteration it is the iteration where τ is expected to reach the target at
             the mean gain per iteration so far (:meth:`expected_stop`), never more than the
-            configured ``max_iters`` and, until then, never the current or the next iteration.
+            configured ``max_iters`` and, until τ is reached, never the current or the next
+            iteration (no hook sees a last iteration that is not); then, in an
+            ``EpochBasedTrainLoop``, the end of the epoch.
     """
 
     def __init__(self, max_scale_invariant_iters: float | None = None):
@@ -58,9 +60,16 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
         self._step_schedulers(runner)
         if self.max_scale_invariant_iters is not None:
             self._maybe_stop(runner)
-            if not runner.train_loop.stop_training:
-                set_max_iters(runner.train_loop, min(self._configured_max_iters,
-                                                     max(self.expected_stop(runner), runner.iter + 3)))
+            self._follow_tau(runner)
+
+    def _follow_tau(self, runner) -> None:
+        """The loop's length: see the class docstring. Once τ is reached, an ``IterBasedTrainLoop``
+        ends now; an ``EpochBasedTrainLoop`` at the end of this epoch, which becomes its length."""
+        loop = runner.train_loop
+        if not loop.stop_training:
+            set_max_iters(loop, min(self._configured_max_iters, max(self.expected_stop(runner), runner.iter + 3)))
+        elif isinstance(loop, EpochBasedTrainLoop):
+            set_max_iters(loop, (runner.epoch + 1) * len(runner.train_dataloader))
 
     def expected_stop(self, runner) -> int:
         """The number of iterations after which τ is expected to reach ``max_scale_invariant_iters``:

@@ -95,12 +95,13 @@ class LoopLength(Hook):
         self.seen.append((runner.iter, runner.max_iters, runner.message_hub.get_info("eta"), mean_time))
 
 
-def test_the_loop_length_and_eta_follow_the_tau_target(tmp_path):
-    """AdaScale at scale 4 (4 micro-batches per update), max_iters=2000, stop at τ = 20: the loop's
-    length starts at 2000 and follows the expected stop, which it ends at; the ETA follows it."""
+def run_to_tau(tmp_path: Path, tau: float, train_cfg: str) -> tuple[Runner, LoopLength]:
+    """configs/digits_fused_sgd_adascale.py (AdaScale at scale 4: 4 micro-batches per update),
+    stopping at τ = ``tau``, with the train loop ``train_cfg``."""
     config = (f"_base_ = [{str(ROOT / 'configs' / 'digits_fused_sgd_adascale.py')!r}]\n"
-              "default_hooks = dict(param_scheduler=dict(max_scale_invariant_iters=20), checkpoint=dict(interval=400))\n"
-              "train_cfg = dict(max_iters=2000, val_interval=10000)\nlog_level = 'WARNING'\n")
+              f"default_hooks = dict(param_scheduler=dict(max_scale_invariant_iters={tau}),\n"
+              "                     checkpoint=dict(interval=400))\n"
+              f"train_cfg = {train_cfg}\nlog_level = 'WARNING'\n")
     (tmp_path / "config.py").write_text(config)
     cfg = Config.fromfile(tmp_path / "config.py")
     cfg.work_dir = str(tmp_path)
@@ -108,6 +109,13 @@ def test_the_loop_length_and_eta_follow_the_tau_target(tmp_path):
     recorder = LoopLength()
     runner.register_hook(recorder, priority=55)
     runner.train()
+    return runner, recorder
+
+
+def test_the_loop_length_and_eta_follow_the_tau_target(tmp_path):
+    """max_iters=2000, stop at τ = 20: the loop's length starts at 2000 and follows the expected
+    stop, which it ends at; the ETA follows it."""
+    runner, recorder = run_to_tau(tmp_path, 20, "dict(max_iters=2000, val_interval=10000)")
     stop = runner.iter
     assert runner.optim_wrapper.scale_invariant_iter >= 20 and stop < 80  # gains > 1: under 20 updates of 4
     iters, lengths, etas, mean_times = zip(*recorder.seen)
@@ -117,3 +125,13 @@ def test_the_loop_length_and_eta_follow_the_tau_target(tmp_path):
     assert abs(lengths[-1] - stop) <= 4  # at the end, within one window of where it stopped
     # the ETA (IterTimerHook's) is the mean iteration time × the iterations left until that length
     assert etas == pytest.approx([t * (n - i - 1) for i, n, t in zip(iters, lengths, mean_times)], rel=1e-12)
+
+
+def test_an_epoch_loop_length_follows_tau_and_ends_with_the_epoch(tmp_path):
+    """An EpochBasedTrainLoop of 45 iterations per epoch stops at the end of the epoch in which τ
+    reaches 20: the length then becomes that epoch's end, so it is never passed (ETA ≥ 0)."""
+    runner, recorder = run_to_tau(
+        tmp_path, 20, "dict(_delete_=True, type='EpochBasedTrainLoop', max_epochs=40, val_interval=100)")
+    assert runner.optim_wrapper.scale_invariant_iter >= 20 and runner.iter % 45 == 0 and runner.iter < 40 * 45
+    assert runner.max_iters == runner.iter
+    assert all(i < n <= 40 * 45 for i, n, _, _ in recorder.seen) and recorder.seen[0][1] == 40 * 45
