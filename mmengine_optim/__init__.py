@@ -12,13 +12,20 @@ Bare names (``type='FusedLAMB'``) work after ``custom_imports=dict(imports=['mme
 raises a ``KeyError`` saying what to write (:mod:`.constructor`). Train with
 ``python -m mmengine_optim.train CONFIG``. The distributed optimizers (``mmengine_optim.CentralizedSGD``,
 ``PowerSGD``, …) train under ``model_wrapper_cfg=dict(type='mmengine_optim.OptimizerSyncedModel')``:
-see :mod:`.distributed`.
+see :mod:`.distributed`. A script of one's own under ``torchrun`` on CPU calls
+:func:`prepare_cpu_ddp` on its config before ``Runner.from_cfg`` (:mod:`.cpu_ddp`).
+
+Importing this package allows the globals mmengine writes into checkpoints in
+``torch.load(weights_only=True)`` (:mod:`.checkpoint_globals`), so mmengine's own
+``CheckpointHook`` checkpoints resume on torch ≥ 2.6.
 """
 
+from .checkpoint_globals import register_checkpoint_globals
 from .colossalai_wrapper import ColossalAIOptimWrapper
 from .constructor import OptimWrapperConstructor, register_constructor
+from .cpu_ddp import prepare_cpu_ddp
 from .distributed import OptimizerSyncedModel, register_distributed
-from .hooks import UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
+from .hooks import PortableCheckpointHook, UpdateParamSchedulerHook, WeightsOnlyCheckpointHook
 from .loss_scaler import LossScaler
 from .noise_scale import NoiseScaleHook
 from .optim_wrapper import AdaScaleOptimWrapper, FusedOptimWrapper
@@ -26,9 +33,11 @@ from .optimizers import register_optimizers
 from .registry import HOOKS, OPTIM_WRAPPERS, OPTIMIZERS, register
 
 for _registry, _objs in ((OPTIM_WRAPPERS, (FusedOptimWrapper, AdaScaleOptimWrapper, ColossalAIOptimWrapper)),
-                         (HOOKS, (UpdateParamSchedulerHook, WeightsOnlyCheckpointHook, NoiseScaleHook))):
+                         (HOOKS, (UpdateParamSchedulerHook, PortableCheckpointHook, NoiseScaleHook))):
     for _obj in _objs:
         register(_registry, _obj)
+register(HOOKS, PortableCheckpointHook, name="WeightsOnlyCheckpointHook")  # its old name
+register_checkpoint_globals()
 register_optimizers()
 register_distributed()
 register_constructor()
@@ -44,8 +53,10 @@ __all__ = [
     "OPTIM_WRAPPERS",
     "OptimWrapperConstructor",
     "OptimizerSyncedModel",
+    "PortableCheckpointHook",
     "UpdateParamSchedulerHook",
     "WeightsOnlyCheckpointHook",
+    "prepare_cpu_ddp",
     "register_distributed",
     "register_optimizers",
 ]

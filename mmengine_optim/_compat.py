@@ -12,6 +12,8 @@ there, by name, instead of inside a training run.
   at the scheduler's ``end``).
 * :func:`save_checkpoint_now`: a ``CheckpointHook``'s save (its file name, ``last_checkpoint``,
   ``max_keep_ckpts``) at an iteration its interval does not choose.
+* :func:`set_max_iters`: a train loop's length in iterations, which mmengine fixes at its
+  construction (``max_iters`` has no setter).
 * :func:`is_resuming`: whether the runner resumes (``resume=True``) or only loads weights
   (``load_from``), as mmengine's own ``EMAHook`` tells them apart.
 * :func:`calling_runner`: the ``Runner`` whose ``train`` called an optim wrapper's
@@ -58,6 +60,14 @@ def scheduler_steps(scheduler) -> int:
 def save_checkpoint_now(hook: CheckpointHook, runner: Runner) -> None:
     """mmengine 0.10.7: ``CheckpointHook._save_checkpoint(runner)``."""
     hook._save_checkpoint(runner)
+
+
+def set_max_iters(loop, max_iters: int) -> None:
+    """mmengine 0.10.7: ``IterBasedTrainLoop._max_iters`` / ``EpochBasedTrainLoop._max_iters``,
+    returned by their ``max_iters`` (hence ``Runner.max_iters``: ``IterTimerHook``'s ETA, the
+    log's ``[iter/max_iters]``, ``Hook.is_last_train_iter``) and, in ``IterBasedTrainLoop.run``,
+    the loop's condition (``EpochBasedTrainLoop`` runs by epochs)."""
+    loop._max_iters = max_iters
 
 
 def is_resuming(runner: Runner) -> bool:

@@ -1,5 +1,5 @@
 """mmengine hooks: schedules that count optimizer updates (or τ), and checkpoints that load with
-``torch.load(weights_only=True)``."""
+``torch.load(weights_only=True)`` anywhere; the checks run when training starts."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import torch
 from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
 from mmengine.logging import HistoryBuffer
+from mmengine.runner import EpochBasedTrainLoop
 from typing_extensions import override
 
-from ._compat import save_checkpoint_now, scheduler_steps
+from ._compat import accumulative_counts, save_checkpoint_now, scheduler_steps, set_max_iters
 
 
 class UpdateParamSchedulerHook(ParamSchedulerHook):
@@ -31,7 +32,13 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
         max_scale_invariant_iters: stop training once τ reaches this (AdaScale only) and save a
             checkpoint of that iteration (mmengine's CheckpointHook saves only at its interval or at
             ``max_iters``). An ``IterBasedTrainLoop`` stops at once; an ``EpochBasedTrainLoop`` at
-            the end of the epoch (mmengine's loops read ``stop_training`` there).
+            the end of the epoch (mmengine's loops read ``stop_training`` there). The loop's length
+            (``runner.max_iters``: mmengine's ETA and the log's ``[iter/max_iters]``) then follows
+            τ: after each iteration it is the iteration where τ is expected to reach the target at
+            the mean gain per iteration so far (:meth:`expected_stop`), never more than the
+            configured ``max_iters`` and, until τ is reached, never the current or the next
+            iteration (no hook sees a last iteration that is not); then, in an
+            ``EpochBasedTrainLoop``, the end of the epoch.
     """
 
     def __init__(self, max_scale_invariant_iters: float | None = None):
@@ -46,9 +53,37 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
                 f"UpdateParamSchedulerHook(max_scale_invariant_iters={self.max_scale_invariant_iters}) needs τ, which "
                 f"{type(runner.optim_wrapper).__name__} does not count: use "
                 "optim_wrapper=dict(type='mmengine_optim.AdaScaleOptimWrapper', ...), or stop by train_cfg.max_iters")
+        self._configured_max_iters = runner.max_iters
 
     @override
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._step_schedulers(runner)
+        if self.max_scale_invariant_iters is not None:
+            self._maybe_stop(runner)
+            self._follow_tau(runner)
+
+    def _follow_tau(self, runner) -> None:
+        """The loop's length: see the class docstring. Once τ is reached, an ``IterBasedTrainLoop``
+        ends now; an ``EpochBasedTrainLoop`` at the end of this epoch, which becomes its length."""
+        loop = runner.train_loop
+        if not loop.stop_training:
+            set_max_iters(loop, min(self._configured_max_iters, max(self.expected_stop(runner), runner.iter + 3)))
+        elif isinstance(loop, EpochBasedTrainLoop):
+            set_max_iters(loop, (runner.epoch + 1) * len(runner.train_dataloader))
+
+    def expected_stop(self, runner) -> int:
+        """The number of iterations after which τ is expected to reach ``max_scale_invariant_iters``:
+        i iterations done with τ so far, at τ/i per iteration that is i + (target − τ)·i/τ, rounded
+        up to where the loop can stop (the end of an accumulation window, or of an epoch in an
+        ``EpochBasedTrainLoop``). The configured ``max_iters`` before the first update."""
+        tau, done = runner.optim_wrapper.scale_invariant_iter, runner.iter + 1
+        if tau <= 0:
+            return self._configured_max_iters
+        step = (len(runner.train_dataloader) if isinstance(runner.train_loop, EpochBasedTrainLoop)
+                else accumulative_counts(runner.optim_wrapper))
+        return math.ceil((done + (self.max_scale_invariant_iters - tau) * done / tau) / step) * step
+
+    def _step_schedulers(self, runner) -> None:
         if runner.param_schedulers is None:
             return
         schedulers = runner.param_schedulers
@@ -64,13 +99,10 @@ class UpdateParamSchedulerHook(ParamSchedulerHook):
                 target = math.floor(tau) if tau is not None else scheduler_steps(scheduler) + 1
                 while scheduler_steps(scheduler) < target:
                     scheduler.step()
-        self._maybe_stop(runner)
 
     def _maybe_stop(self, runner) -> None:
-        tau = getattr(runner.optim_wrapper, "scale_invariant_iter", None)
-        if self.max_scale_invariant_iters is None or tau is None or runner.train_loop.stop_training:
-            return
-        if tau >= self.max_scale_invariant_iters:
+        tau = runner.optim_wrapper.scale_invariant_iter
+        if tau >= self.max_scale_invariant_iters and not runner.train_loop.stop_training:
             runner.train_loop.stop_training = True
             runner.logger.info(f"τ = {tau:.2f} reached max_scale_invariant_iters = "
                                f"{self.max_scale_invariant_iters}: training stops")
@@ -96,6 +128,29 @@ def warn_if_schedules_count_micro_batches(runner) -> None:
         UserWarning, stacklevel=2)
 
 
+def warn_if_checkpoints_split_windows(runner, accumulative_counts: int) -> None:
+    """Warn (once per call: the Runner's ``train``) when a ``CheckpointHook`` saves inside an
+    accumulation window: mmengine saves no gradients, so a run resumed there starts a new window
+    without the micro-batches already accumulated and its numbers differ from the uninterrupted
+    run's. A hook saves after iterations ``save_begin + k·interval`` (in epochs of
+    ``len(train_dataloader)`` iterations with ``by_epoch``); they all end windows when both are
+    multiples of ``accumulative_counts`` iterations. The last iteration always ends one."""
+    c = accumulative_counts
+    for hook in (h for h in runner.hooks if isinstance(h, CheckpointHook)):
+        per = len(runner.train_dataloader) if hook.by_epoch else 1  # iterations per unit of interval
+        if hook.interval <= 0 or (hook.interval * per % c == 0 and hook.save_begin * per % c == 0):
+            continue
+        unit = f"epochs ({hook.interval * per} iterations)" if hook.by_epoch else "iterations"
+        aligned = (hook.interval * (c // math.gcd(hook.interval * per, c)) if hook.by_epoch
+                   else math.ceil(hook.interval / c) * c)
+        warnings.warn(
+            f"CheckpointHook(interval={hook.interval}, save_begin={hook.save_begin}) saves every {hook.interval} "
+            f"{unit}, inside the accumulation windows of accumulative_counts={c}: the accumulated gradients are not "
+            "saved, so a run resumed from such a checkpoint differs from the uninterrupted one. Save at window ends: "
+            f"default_hooks = dict(checkpoint=dict(interval={aligned})), and a save_begin that is a multiple of {c} "
+            "iterations", UserWarning, stacklevel=2)
+
+
 def _save_now(runner) -> None:
     """A checkpoint of this iteration, through the iteration-based CheckpointHook when there is
     one (its file name, ``last_checkpoint`` for ``--resume``, ``max_keep_ckpts``) unless it saves
@@ -109,16 +164,18 @@ def _save_now(runner) -> None:
     runner.save_checkpoint(runner.work_dir, f"iter_{runner.iter + 1}.pth")
 
 
-class WeightsOnlyCheckpointHook(Hook):
-    """Checkpoints that ``torch.load(weights_only=True)`` accepts, so ``resume`` works on torch ≥ 2.6
-    without trusting pickled code.
+class PortableCheckpointHook(Hook):
+    """Checkpoints that any ``torch.load(weights_only=True)`` reads, also in a process that has not
+    imported ``mmengine_optim``: the message hub is saved as plain tensors and numbers. (It keeps
+    everything a checkpoint holds; it is not Lightning's ``save_weights_only``.)
 
-    mmengine 0.10.7 saves the message hub's ``HistoryBuffer`` objects (numpy arrays and bound
-    statistics methods) and numpy scalars, and its resume calls ``torch.load`` without
-    ``weights_only``: on torch ≥ 2.6 that fails (mmengine#1655). This hook stores each buffer as
-    a plain dict of tensors and each numpy scalar as a Python number before a save, and turns the
-    buffers back after a load. Checkpoints saved without it still need
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``. ``python -m mmengine_optim.train`` adds it.
+    mmengine 0.10.7 saves the message hub's ``HistoryBuffer`` objects (numpy arrays and their
+    statistics methods) and numpy scalars. Importing ``mmengine_optim`` allows exactly those in
+    ``torch.load(weights_only=True)`` (:mod:`mmengine_optim.checkpoint_globals`), so mmengine's
+    own resume works without this hook; a process without that import (a plain ``torch.load``)
+    refuses them. This hook stores each buffer as a plain dict of tensors and each numpy scalar as
+    a Python number before a save, and turns the buffers back after a load. ``python -m
+    mmengine_optim.train`` adds it. ``WeightsOnlyCheckpointHook`` is its old name (still registered).
     """
 
     priority = "VERY_LOW"  # last before the save, so every other hook's additions are converted
@@ -152,3 +209,6 @@ class WeightsOnlyCheckpointHook(Hook):
     def _buffer(plain: dict) -> HistoryBuffer:
         return HistoryBuffer(plain["log_history"].numpy(), plain["count_history"].numpy(),
                              plain["max_length"])
+
+
+WeightsOnlyCheckpointHook = PortableCheckpointHook  # the old name, kept for configs that use it

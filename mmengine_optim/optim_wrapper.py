@@ -24,8 +24,8 @@ from typing_extensions import override
 from fused_optim import AdaScale, multi_tensor_l2norm
 from fused_optim.metrics import GAIN, LR, TAU
 
-from ._compat import calling_runner
-from .hooks import warn_if_schedules_count_micro_batches
+from ._compat import accumulative_counts, calling_runner
+from .hooks import warn_if_checkpoints_split_windows, warn_if_schedules_count_micro_batches
 from .loss_scaler import LossScaler
 
 _NORM_CLIP_KEYS = {"max_norm", "norm_type", "error_if_nonfinite", "foreach"}
@@ -136,6 +136,21 @@ class FusedOptimWrapper(OptimWrapper):
                   logger="current", level=logging.WARNING)
 
     @override
+    def initialize_count_status(self, model: torch.nn.Module, init_counts: int, max_counts: int) -> None:
+        """mmengine's; called by ``Runner.train`` once its hooks and schedulers are built, where the
+        checks of :meth:`check_runner` run. An optim wrapper gets no handle on the runner:
+        :func:`~mmengine_optim._compat.calling_runner` finds it."""
+        super().initialize_count_status(model, init_counts, max_counts)
+        runner = calling_runner()
+        if runner is not None:
+            self.check_runner(runner)
+
+    def check_runner(self, runner) -> None:
+        """Warn about what the runner's hooks would get wrong with this wrapper: checkpoints saved
+        inside accumulation windows (:func:`~mmengine_optim.hooks.warn_if_checkpoints_split_windows`)."""
+        warn_if_checkpoints_split_windows(runner, accumulative_counts(self))
+
+    @override
     def state_dict(self) -> dict:
         state = super().state_dict()
         if self.loss_scaler is not None:
@@ -219,15 +234,11 @@ class AdaScaleOptimWrapper(FusedOptimWrapper):
         self.optimizer.zero_grad()  # the saved window's grads are not in the checkpoint
 
     @override
-    def initialize_count_status(self, model: torch.nn.Module, init_counts: int, max_counts: int) -> None:
-        """mmengine's; called by ``Runner.train`` once its hooks and schedulers are built. An optim
-        wrapper gets no handle on the runner (:func:`~mmengine_optim._compat.calling_runner` finds
-        it), which the scheduler hook check needs
+    def check_runner(self, runner) -> None:
+        """Also: iteration-based schedules stepped per micro-batch
         (:func:`~mmengine_optim.hooks.warn_if_schedules_count_micro_batches`)."""
-        super().initialize_count_status(model, init_counts, max_counts)
-        runner = calling_runner()
-        if runner is not None:
-            warn_if_schedules_count_micro_batches(runner)
+        super().check_runner(runner)
+        warn_if_schedules_count_micro_batches(runner)
 
 
 def _check_norm_clip(kwargs: dict) -> None:

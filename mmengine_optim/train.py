@@ -6,12 +6,11 @@
 
 What it adds to mmengine 0.10's Runner:
 
-* ``WeightsOnlyCheckpointHook`` in ``custom_hooks`` (unless the config has it): checkpoints load
-  under torch ≥ 2.6's ``torch.load(weights_only=True)``, so ``--resume`` works without turning
-  the safe loader off.
-* DDP without CUDA (``--launcher pytorch`` on CPU): the gloo process group is initialised before
-  the Runner (mmengine's ``init_dist`` calls ``torch.cuda.set_device``) and the model wrapper is
-  built without ``device_ids`` (mmengine passes ``[LOCAL_RANK]``, which a CPU module refuses).
+* ``PortableCheckpointHook`` in ``custom_hooks`` (unless the config has it, or its old name
+  ``WeightsOnlyCheckpointHook``): checkpoints that ``torch.load(weights_only=True)`` reads also
+  where ``mmengine_optim`` is not imported (where it is, mmengine's own load too:
+  :mod:`.checkpoint_globals`).
+* DDP without CUDA (``--launcher pytorch`` on CPU): :func:`~mmengine_optim.prepare_cpu_ddp`.
 * A DDP rank destroys its process group once training is over on every rank, before its Python
   exits (:func:`fused_optim.process_group.end_process_group`).
 """
@@ -22,16 +21,18 @@ import argparse
 import os
 import os.path as osp
 
-import torch
-import torch.distributed as dist
 from mmengine.config import Config, DictAction
 from mmengine.runner import Runner
 
-from fused_optim.process_group import end_process_group, init_process_group
+from fused_optim.process_group import end_process_group
 
-from .hooks import WeightsOnlyCheckpointHook  # importing the package registers the scope
+from .cpu_ddp import prepare_cpu_ddp
+from .hooks import PortableCheckpointHook  # importing the package registers the scope
 
-_CHECKPOINT_HOOK = "mmengine_optim.WeightsOnlyCheckpointHook"
+_CHECKPOINT_HOOK = "mmengine_optim.PortableCheckpointHook"
+# the names a config may give it (the old one included), scoped or bare
+_CHECKPOINT_HOOK_NAMES = {f"{scope}{name}" for scope in ("", "mmengine_optim.")
+                          for name in ("PortableCheckpointHook", "WeightsOnlyCheckpointHook")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,24 +65,11 @@ def build_config(args: argparse.Namespace) -> Config:
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
     hooks = list(cfg.get("custom_hooks") or [])
-    if not any(isinstance(h, WeightsOnlyCheckpointHook) or (isinstance(h, dict) and h.get("type") in (
-            _CHECKPOINT_HOOK, "WeightsOnlyCheckpointHook", WeightsOnlyCheckpointHook)) for h in hooks):
+    if not any(isinstance(h, PortableCheckpointHook) or (isinstance(h, dict) and (
+            h.get("type") is PortableCheckpointHook or h.get("type") in _CHECKPOINT_HOOK_NAMES)) for h in hooks):
         hooks.append(dict(type=_CHECKPOINT_HOOK))
     cfg.custom_hooks = hooks
     return cfg
-
-
-def prepare_cpu_ddp(cfg: Config) -> None:
-    """DDP without CUDA for a config with a launcher: the model wrapper without ``device_ids``
-    (unless the config has its own), and the gloo process group (from the launcher's env
-    variables), so the Runner skips mmengine's CUDA-only ``init_dist``. Nothing otherwise."""
-    if cfg.get("launcher", "none") == "none" or torch.cuda.is_available():
-        return
-    if cfg.get("model_wrapper_cfg") is None:
-        cfg.model_wrapper_cfg = dict(type="MMDistributedDataParallel", device_ids=None, broadcast_buffers=False,
-                                     find_unused_parameters=cfg.get("find_unused_parameters", False))
-    if not dist.is_initialized():
-        init_process_group("gloo")
 
 
 def main(argv: list[str] | None = None) -> Runner:

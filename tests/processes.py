@@ -1,5 +1,5 @@
 """Launching the multi-process tests: worker scripts, one process per rank, and 2-rank
-``torchrun -m mmengine_optim.train --launcher pytorch`` runs."""
+``torchrun`` runs (of a script, or of ``-m mmengine_optim.train --launcher pytorch``)."""
 
 from __future__ import annotations
 
@@ -33,15 +33,21 @@ def run_ranks(script: Path, args_of_rank, ranks: int, log_dir: Path, env: dict |
         log.close()
 
 
-def torchrun_mmengine(config: Path, work_dir: Path, module_dir: Path) -> None:
-    """``torchrun --nproc_per_node=2 -m mmengine_optim.train config --launcher pytorch`` with
-    ``module_dir`` on the path (for modules the config imports); raises with its output when it fails."""
+def torchrun(target: list[str], module_dir: Path) -> None:
+    """``torchrun --nproc_per_node=2 *target`` (a script and its arguments, or ``-m module ...``) in
+    ``module_dir``, with it on the path (for modules a config imports); raises with its output
+    when it fails."""
     inherited = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(module_dir), *inherited]))
     with socket.socket() as sock:  # a free port for the rendezvous
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "mmengine_optim.train", str(config), "--launcher", "pytorch", "--work-dir", str(work_dir)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", *target]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=module_dir)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
+def torchrun_mmengine(config: Path, work_dir: Path, module_dir: Path) -> None:
+    """``torchrun --nproc_per_node=2 -m mmengine_optim.train config --launcher pytorch`` (see :func:`torchrun`)."""
+    torchrun(["-m", "mmengine_optim.train", str(config), "--launcher", "pytorch", "--work-dir", str(work_dir)],
+             module_dir)

@@ -4,8 +4,9 @@ fails here, by name."""
 
 import inspect
 
+import pytest
 import torch
-from mmengine.hooks import CheckpointHook
+from mmengine.hooks import CheckpointHook, Hook
 from mmengine.model import BaseModel
 from mmengine.optim import MultiStepLR, OptimWrapper
 from mmengine.runner import Runner
@@ -63,15 +64,16 @@ class RecordingWrapper(OptimWrapper):
         self.runners.append(_compat.calling_runner())
 
 
-def runner(tmp_path, **kwargs) -> Runner:
+def runner(tmp_path, max_iters=1, **kwargs) -> Runner:
     model = Quadratic()
     data = torch.utils.data.DataLoader([{"inputs": torch.ones(2)}] * 2, batch_size=1)
     return Runner(model=model, work_dir=str(tmp_path), train_dataloader=data,
-                  train_cfg=dict(by_epoch=False, max_iters=1), log_level="WARNING",
+                  train_cfg=dict(by_epoch=False, max_iters=max_iters), log_level="WARNING",
                   optim_wrapper=RecordingWrapper(torch.optim.SGD(model.parameters(), lr=0.1)),
                   default_hooks=dict(checkpoint=None, logger=None), **kwargs)
 
 
+@pytest.mark.slow
 def test_runner_train_calls_initialize_count_status_itself(tmp_path):
     run = runner(tmp_path / "a")
     run.train()
@@ -82,9 +84,24 @@ def test_runner_train_calls_initialize_count_status_itself(tmp_path):
     RecordingWrapper.runners.clear()
 
 
+@pytest.mark.slow
 def test_is_resuming_is_the_runners_resume_argument(tmp_path):
     assert _compat.is_resuming(runner(tmp_path / "a", resume=True)) is True, CHECKED
     assert _compat.is_resuming(runner(tmp_path / "b", load_from=None)) is False, CHECKED
+
+
+class ShortenLoop(Hook):
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        _compat.set_max_iters(runner.train_loop, 3)
+
+
+@pytest.mark.slow
+def test_set_max_iters_is_the_loops_length(tmp_path):
+    """Set after the first of 5 iterations: the runner reports it and the loop ends there."""
+    run = runner(tmp_path, max_iters=5, custom_hooks=[ShortenLoop()])
+    run.train()
+    RecordingWrapper.runners.clear()
+    assert (run.max_iters, run.iter) == (3, 3), CHECKED
 
 
 def test_amp_update_scale_backs_off_on_overflow_and_grows_after_the_interval():

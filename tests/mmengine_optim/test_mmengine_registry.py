@@ -32,6 +32,13 @@ def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
     assert root.HOOKS.get("mmengine_optim.UpdateParamSchedulerHook") is mmengine_optim.UpdateParamSchedulerHook
 
 
+def test_the_checkpoint_hook_is_registered_under_its_old_name_too():
+    for name in ("PortableCheckpointHook", "WeightsOnlyCheckpointHook"):
+        for key in (name, f"mmengine_optim.{name}"):
+            assert root.HOOKS.get(key) is mmengine_optim.PortableCheckpointHook
+    assert mmengine_optim.WeightsOnlyCheckpointHook is mmengine_optim.PortableCheckpointHook
+
+
 def test_colossalai_class_names_build_the_colossal_classes():
     """Configs written for ColossalAI name its Lars / Lamb: scoped and bare, they build ours."""
     p = [torch.nn.Parameter(torch.zeros(2))]
