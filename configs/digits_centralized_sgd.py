@@ -6,7 +6,7 @@ _base_ = ['_base_/default_runtime.py', '_base_/datasets/digits.py', '_base_/mode
 custom_imports = dict(imports=['examples.mmengine_digits'], allow_failed_imports=False)
 model_wrapper_cfg = dict(type='mmengine_optim.OptimizerSyncedModel')
 # every rank's params and optimizer state in the checkpoints (PowerSGD's error memories differ per rank)
-custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'),
+custom_hooks = [dict(type='mmengine_optim.PortableCheckpointHook'),
                 dict(type='mmengine_optim.PerRankCheckpointHook')]
 optim_wrapper = dict(type='OptimWrapper',
                      optimizer=dict(type='mmengine_optim.CentralizedSGD', lr=0.1, momentum=0.9, weight_decay=1e-4))

@@ -9,7 +9,7 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=100),
     sampler_seed=dict(type='DistSamplerSeedHook'),
 )
-custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook')]
+custom_hooks = [dict(type='mmengine_optim.PortableCheckpointHook')]
 env_cfg = dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0),
                dist_cfg=dict(backend='gloo'))
 log_processor = dict(by_epoch=False, window_size=10)

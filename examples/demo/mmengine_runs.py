@@ -20,7 +20,7 @@ from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
 from fused_optim.process_group import end_process_group
-from mmengine_optim.train import prepare_cpu_ddp
+from mmengine_optim import prepare_cpu_ddp
 
 from .. import mmengine_digits  # noqa: F401  (registers the digits dataset and model)
 from .plan import Run, Setup

@@ -36,6 +36,7 @@ def offloaded(tmp_path, **kw):
     return p, fused_optim.CPUAdam([p], lr=0.1, nvme_offload_fraction=1.0, nvme_offload_dir=str(tmp_path), **kw)
 
 
+@pytest.mark.slow
 def test_a_full_filesystem_is_an_oserror_naming_the_file(tmp_path):
     """The files' blocks are reserved when they are made: a file-size limit (EFBIG, as a full disk
     gives ENOSPC) fails that step with an error, where a sparse file killed the process later."""
@@ -54,6 +55,7 @@ except OSError as e:
     assert "lower nvme_offload_fraction" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_file_truncated_mid_training_is_an_oserror_naming_it(tmp_path):
     out = child("""
 opt.step()
@@ -100,6 +102,7 @@ def test_an_offload_folder_others_can_write_is_refused(tmp_path):
     assert all(f.stat().st_mode & 0o777 == 0o600 for f in folder.iterdir())
 
 
+@pytest.mark.slow
 def test_folders_of_killed_processes_are_removed_by_the_next_start(tmp_path):
     killed = child("opt.step(); os.kill(os.getpid(), signal.SIGKILL)", tmp_path)
     assert killed.returncode == -signal.SIGKILL
@@ -112,6 +115,7 @@ def test_folders_of_killed_processes_are_removed_by_the_next_start(tmp_path):
     assert {f.name for f in tmp_path.iterdir()} == {live.state_files.directory.name, opt.state_files.directory.name}
 
 
+@pytest.mark.slow
 def test_sigterm_removes_the_folder_and_ends_the_process_as_sigterm_does(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", CHILD + "opt.step(); print('READY', flush=True); "
                              "import time; time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True)
@@ -125,6 +129,7 @@ def test_sigterm_removes_the_folder_and_ends_the_process_as_sigterm_does(tmp_pat
     assert not folder.exists()
 
 
+@pytest.mark.slow
 def test_a_programs_own_sigterm_handler_is_left_in_place(tmp_path):
     """A program that handles SIGTERM itself (to save a checkpoint and go on, say) keeps its handler
     and its files: removing them under a run that continues would lose its state."""

@@ -77,6 +77,7 @@ def _python(code: str, *path: str) -> str:
     return out.stdout
 
 
+@pytest.mark.slow
 def test_custom_imports_config_trains_with_bare_names(tmp_path):
     """A config file as a user writes it, through mmengine's Runner."""
     config = tmp_path / "cfg.py"
@@ -109,6 +110,7 @@ def test_custom_imports_config_trains_with_bare_names(tmp_path):
     assert result == ["mmengine_optim.colossalai_wrapper", "fused_optim.adam"]
 
 
+@pytest.mark.slow
 def test_with_deepspeed_installed_bare_fusedadam_is_left_to_it_and_the_error_says_what_to_write(tmp_path):
     """mmengine's DeepSpeedStrategy registers DeepSpeed's FusedAdam bare (without force) where
     DeepSpeed is installed; a config naming it without that strategy is told the scoped name."""

@@ -36,7 +36,7 @@ def test_two_rank_cpu_ddp_agrees_on_tau_and_params(tmp_path):
     (tmp_path / "ddp.py").write_text(
         f"_base_ = [{str(ROOT / 'configs' / 'digits_fused_sgd_adascale.py')!r}]\n"
         "custom_imports = dict(imports=['examples.mmengine_digits', 'rank_dump'], allow_failed_imports=False)\n"
-        "custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'), dict(type='RankDumpHook')]\n"
+        "custom_hooks = [dict(type='mmengine_optim.PortableCheckpointHook'), dict(type='RankDumpHook')]\n"
         "train_cfg = dict(max_iters=12, val_interval=1000)\n"
         "default_hooks = dict(logger=dict(interval=4))\n")
     torchrun_mmengine(tmp_path / "ddp.py", tmp_path / "work", tmp_path)

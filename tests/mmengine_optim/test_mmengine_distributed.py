@@ -66,7 +66,7 @@ def train(tmp_path: Path, optimizer: str, hand: dict, extra: str = "") -> list[d
         f"_base_ = [{str(ROOT / 'configs' / 'digits_centralized_sgd.py')!r}]\n"
         "custom_imports = dict(imports=['examples.mmengine_digits', 'rank_dump'],\n"
         "                      allow_failed_imports=False)\n"
-        "custom_hooks = [dict(type='mmengine_optim.WeightsOnlyCheckpointHook'),\n"
+        "custom_hooks = [dict(type='mmengine_optim.PortableCheckpointHook'),\n"
         "                dict(type='mmengine_optim.PerRankCheckpointHook'),\n"
         f"                dict(type='RankDumpHook', hand={hand!r})]\n"
         f"optim_wrapper = dict(optimizer=dict(_delete_=True, {optimizer}))\n"
