@@ -526,6 +526,7 @@ class AdaScale(GradientStatistics):
                  global_gain: bool = False):
         self._global_gain = global_gain
         self.scale_invariant_steps = 0.0
+        self._applied_scale: float | None = None  # the scale of the last step's window (a short one's is smaller)
         super().__init__(optimizer, world_size, scale, smoothing, num_gradients_to_accumulate, is_scaled_loss,
                          debias_ewma, grad_scaler)
 
@@ -533,11 +534,19 @@ class AdaScale(GradientStatistics):
         """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups.
 
         Between the backward pass that completes a window and ``step()``, this is the gain that
-        ``step()`` applies: the window's statistics are already in the averages it reads."""
+        ``step()`` applies: the window's statistics are already in the averages it reads. After a
+        step (until the next window completes) it is the gain that step applied: with its
+        window's scale, which is smaller than S for a short window (an epoch's last; kept in the
+        state dict). Before the first step, and after :meth:`set_scale`, the scale is S."""
         avg, window_scale = self._current()
         var, sqr = avg[stats.VAR], avg[stats.SQR]
         var, sqr = (sum(var), sum(sqr)) if pg_idx is None else (var[pg_idx], sqr[pg_idx])
-        s = scale if scale is not None else window_scale if window_scale is not None else self._scale
+        if scale is not None:
+            s = scale
+        elif window_scale is not None:
+            s = window_scale
+        else:
+            s = self._scale if self._applied_scale is None else self._applied_scale
         return stats.gain(var, sqr, s)
 
     def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
@@ -552,15 +561,24 @@ class AdaScale(GradientStatistics):
             for group, lr in zip(self.param_groups, lrs):
                 group["lr"] = lr
         self.scale_invariant_steps += self.gain(scale=scale)
+        self._applied_scale = scale
+
+    def set_scale(self, scale: float, update_estimate: bool = True) -> None:
+        super().set_scale(scale, update_estimate)
+        self._applied_scale = None  # gain() now answers for the new S
 
     def state_dict(self) -> dict:
-        """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only."""
+        """The inner optimizer's state dict plus ``"adascale"``: tensors and floats only (the last
+        step's window scale: 0 before the first step; a scale is >= 1)."""
         state = super().state_dict()
         state[self._state_key]["scale_invariant_steps"] = self.scale_invariant_steps
+        state[self._state_key]["applied_scale"] = self._applied_scale or 0.0
         return state
 
     def _load_extra(self, saved: dict) -> None:
         self.scale_invariant_steps = float(saved.pop("scale_invariant_steps"))
+        applied = float(saved.pop("applied_scale", 0.0))  # (absent from older checkpoints)
+        self._applied_scale = applied or None
 
 
 def inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

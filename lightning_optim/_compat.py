@@ -13,7 +13,8 @@ changes one fails there, by name, instead of inside a training run.
 * :func:`sync_module_states`: Lightning's broadcast of rank 0's params and buffers, which honours
   DDP's list of params to ignore (Lightning 2.6.6).
 * :func:`should_compress`: torch's rule for which tensors ``powerSGD_hook`` compresses (torch 2.13).
-* :class:`FailureAwareSpawnLauncher`: ``DDPStrategy._configure_launcher`` and Lightning's spawn
+* :class:`FailureAwareSpawn` (a ``DDPStrategy`` overriding ``_configure_launcher``) and
+  :class:`FailureAwareSpawnLauncher`: ``DDPStrategy._configure_launcher`` and Lightning's spawn
   launcher (``_MultiProcessingLauncher``), whose ranks run the fit without Lightning's exception
   handling — no strategy or callback hook runs in a spawned rank that raises (Lightning 2.6.6).
 """
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.overrides.distributed import _sync_module_states
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 from typing_extensions import override
@@ -63,6 +65,21 @@ class FailureAwareSpawnLauncher(_MultiProcessingLauncher):
     def launch(self, function, *args: Any, trainer=None, **kwargs: Any) -> Any:
         return super().launch(functools.partial(_run_or_fail, function, self.on_failure), *args, trainer=trainer,
                               **kwargs)
+
+
+class FailureAwareSpawn(DDPStrategy):
+    """A ``DDPStrategy`` (base of ours) whose spawned ranks call ``self.on_rank_failure()`` when the
+    fit raises (:class:`FailureAwareSpawnLauncher`); the popen launcher is left as it is."""
+
+    @staticmethod
+    def on_rank_failure() -> None:
+        """What a spawned rank does when its fit raised, before the error leaves it."""
+
+    @override
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self._start_method != "popen":
+            self._launcher = FailureAwareSpawnLauncher(self, self._start_method, self.on_rank_failure)
 
 
 def _run_or_fail(function, on_failure, *args: Any, **kwargs: Any) -> Any:

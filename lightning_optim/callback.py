@@ -96,7 +96,7 @@ class AdaScaleCallback(Callback):
         self._restored_tau: float | None = None
         self._applied_lrs: list[float] | None = None  # each group's lr in the last inner step
         self._tau_at_batch_start = 0.0
-        self._optimizer: AdaScale | None = None  # during a fit
+        self._wrapped: AdaScale | None = None  # during a fit
         self._step_hook = None
         self._lr_series: AppliedLrSeries | None = None
 
@@ -113,7 +113,7 @@ class AdaScaleCallback(Callback):
         inner = inner_optimizer(strategy.optimizers[0])
         strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, _accumulation(trainer),
                                            **self.adascale_kwargs)]
-        self._optimizer = strategy.optimizers[0]
+        self._wrapped = strategy.optimizers[0]
         self._step_hook = inner.register_step_post_hook(self._record_applied_lrs)
         self._lr_series = AppliedLrSeries(trainer, strategy.optimizers[0], inner)
         if self.follow_tau:
@@ -148,9 +148,9 @@ class AdaScaleCallback(Callback):
         step, so it is the same in every callback's (and the module's) ``on_train_batch_end``,
         listed before or after this callback; it holds until the next batch starts. The value
         logged as ``adascale/gain``."""
-        if self._applied_lrs is None or self._optimizer is None:
+        if self._applied_lrs is None or self._wrapped is None:
             return None
-        return self._optimizer.scale_invariant_steps - self._tau_at_batch_start
+        return self._wrapped.scale_invariant_steps - self._tau_at_batch_start
 
     # ---- after each batch: schedules, stop, logs -----------------------------------------------
     def _record_applied_lrs(self, optimizer, args, kwargs) -> None:
@@ -185,7 +185,7 @@ class AdaScaleCallback(Callback):
         if self._step_hook is not None:
             self._step_hook.remove()
             self._lr_series.detach()
-            self._step_hook = self._lr_series = self._optimizer = None
+            self._step_hook = self._lr_series = self._wrapped = None
 
     # ---- checkpoints ---------------------------------------------------------------------------
     @override

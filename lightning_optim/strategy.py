@@ -14,12 +14,12 @@ from typing_extensions import override
 
 from fused_optim.process_group import end_process_group
 
-from ._compat import FailureAwareSpawnLauncher
+from ._compat import FailureAwareSpawn
 from .callback import AdaScaleCallback
 from .wrapping import as_adascale
 
 
-class GroupEndingDDPStrategy(DDPStrategy):
+class GroupEndingDDPStrategy(FailureAwareSpawn):
     """``DDPStrategy`` that ends the rank's process group when the rank's Python exits normally
     (an ``atexit`` handler, which runs before the interpreter finalizes), so that no gloo thread
     outlives it (the abort described in fused_optim/process_group.py).
@@ -31,7 +31,7 @@ class GroupEndingDDPStrategy(DDPStrategy):
     ranks blocked in a collective with it, and the launcher, waiting for it, would never end them).
     A rank started by the popen launcher learns of the failure at ``teardown``; a spawned rank,
     where Lightning runs no hook on a failure, from its launcher
-    (:class:`~lightning_optim._compat.FailureAwareSpawnLauncher`): it then exits at once, and
+    (:class:`~lightning_optim._compat.FailureAwareSpawn`): it then exits at once, and
     Lightning's launcher ends the other ranks and raises the failing rank's error."""
 
     @override
@@ -41,17 +41,15 @@ class GroupEndingDDPStrategy(DDPStrategy):
         atexit.register(end_process_group)
 
     @override
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        if self._start_method != "popen":
-            self._launcher = FailureAwareSpawnLauncher(self, self._start_method, leave_group_at_exit)
-
-    @override
     def teardown(self) -> None:
         trainer = _attached_trainer(self.lightning_module)
         super().teardown()
         if trainer is not None and trainer.state.status == TrainerStatus.INTERRUPTED:
             leave_group_at_exit()
+
+    @staticmethod
+    def on_rank_failure() -> None:
+        leave_group_at_exit()
 
 
 def leave_group_at_exit() -> None:

@@ -72,7 +72,9 @@ def test_short_last_window_uses_the_backward_passes_seen():
             assert torch.equal(before["grad_var_avg"], after["grad_var_avg"])
         else:
             assert not torch.equal(before["grad_var_avg"], after["grad_var_avg"])
-    assert all(torch.isfinite(p).all() for p in model.parameters()) and opt.gain() > 1.0
+    assert all(torch.isfinite(p).all() for p in model.parameters()) and opt.gain(scale=4) > 1.0
+    # the last step's window held one micro-batch (S = 1): it applied gain 1, and gain() says so
+    assert opt.gain() == 1.0 and opt.gain(pg_idx=0) == 1.0
     model, groups = model_and_groups(two_groups=False)
     ref = fairscale(sgd(groups), accum=4)
     with pytest.raises(AssertionError):  # on the short window's next backward
@@ -80,6 +82,29 @@ def test_short_last_window_uses_the_backward_passes_seen():
             backward_window(model, step, 4, micro)
             ref.step()
             ref.zero_grad()
+
+
+def test_gain_after_a_step_is_the_gain_that_step_applied():
+    """After a short window (3 of 4 micro-batches) the step multiplied the lr by the gain at S = 3:
+    gain() then returns that, not the gain at S = 4; a full window's step, the gain at S = 4."""
+    model, groups = model_and_groups(two_groups=False)
+    opt = ours(sgd(groups), accum=4)
+    for step, micro in enumerate([4, 4, 3]):
+        backward_window(model, step, 4, micro)
+        lr = opt.param_groups[0]["lr"]
+        tau = opt.scale_invariant_steps
+        opt.step()
+        applied = opt.scale_invariant_steps - tau  # τ grows by the gain the step applied
+        assert opt.gain() == pytest.approx(applied, rel=1e-12) and opt.param_groups[0]["lr"] == lr
+        assert opt.gain() == opt.gain(scale=micro)
+        opt.zero_grad()
+    assert opt.gain() != opt.gain(scale=4)
+    _, groups = model_and_groups(two_groups=False)
+    fresh = ours(sgd(groups), accum=4)
+    fresh.load_state_dict(opt.state_dict())  # the applied gain survives a checkpoint
+    assert fresh.gain() == opt.gain()
+    opt.set_scale(4.0)  # a new S: gain() answers for it
+    assert opt.gain() == opt.gain(scale=4)
 
 
 def test_frozen_params_and_params_without_grads():
