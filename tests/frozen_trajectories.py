@@ -6,7 +6,8 @@ class) is checked against a file recorded before it: ``tests/core/test_frozen_tr
 compares bit for bit. Record anew only where a change is meant to alter results, and say so in
 its commit::
 
-    .venv/bin/python tests/frozen_trajectories.py   # rewrites tests/golden/frozen_trajectories.pt
+    .venv/bin/python tests/frozen_trajectories.py         # adds what is not recorded yet (a new optimizer)
+    .venv/bin/python tests/frozen_trajectories.py --all   # records everything anew
 
 Formats (each recorded where the optimizer accepts it; the file lists the ones that ran):
 fp32 fused and reference (``fused=False``), bf16 params with fp32 ``master_weights``, and fp32
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import sys
 from pathlib import Path
 
 import torch
@@ -84,11 +86,14 @@ def run(name: str, fmt: str) -> dict:
     return {"steps": steps, "last_params": [p.detach().clone() for p in params]}
 
 
-def record() -> dict:
-    """Every (optimizer, format) pair that constructs and steps; the others are left out."""
-    cases = {}
+def record(cases: dict) -> dict:
+    """``cases`` plus every (optimizer, format) pair it lacks that constructs and steps; the others
+    are left out."""
+    cases = dict(cases)
     for name in list_optimizers():
         for fmt in FORMATS:
+            if f"{name}/{fmt}" in cases:
+                continue
             try:
                 cases[f"{name}/{fmt}"] = run(name, fmt)
             except (TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
@@ -98,6 +103,7 @@ def record() -> dict:
 
 if __name__ == "__main__":
     torch.set_num_threads(2)
-    recorded = record()
+    kept = {} if "--all" in sys.argv[1:] or not PATH.exists() else torch.load(PATH, weights_only=True)["cases"]
+    recorded = record(kept)
     torch.save({"torch": str(torch.__version__), "cases": recorded}, PATH)
     print(f"{len(recorded)} trajectories -> {PATH}")
