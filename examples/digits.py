@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from fused_optim.optional import require
+
 VAL_FRACTION = 0.2
 
 
@@ -16,11 +18,7 @@ def load_digits(split: str, seed: int = 0) -> tuple[Tensor, Tensor]:
     ``VAL_FRACTION`` of the images held out (359 val, 1438 train)."""
     if split not in ("train", "val"):
         raise ValueError(f"Invalid split: {split!r} ('train' or 'val')")
-    try:
-        from sklearn.datasets import load_digits as _sklearn_digits
-    except ImportError:
-        raise ImportError("The digits dataset comes with scikit-learn: pip install 'fused-optim[examples]'") from None
-    data = _sklearn_digits()
+    data = require("sklearn.datasets", "examples", "the digits dataset").load_digits()
     images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
     labels = torch.tensor(data.target, dtype=torch.int64)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))

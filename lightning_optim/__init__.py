@@ -17,6 +17,10 @@
   ``"powersgd_ddp"`` (+ ``"_spawn"``): DDP with torch's PowerSGD hook (:class:`PowerSGDDDPStrategy`).
 """
 
+from fused_optim.optional import require
+
+require("lightning.pytorch", "lightning", "lightning_optim")
+
 from .callback import AdaScaleCallback
 from .cli import StepSchedulerCLI
 from .distributed import OptimizerSyncedStrategy, PowerSGDDDPStrategy

@@ -20,6 +20,10 @@ Importing this package allows the globals mmengine writes into checkpoints in
 ``CheckpointHook`` checkpoints resume on torch ≥ 2.6.
 """
 
+from fused_optim.optional import require
+
+require("mmengine", "mmengine", "mmengine_optim")
+
 from .checkpoint_globals import register_checkpoint_globals
 from .colossalai_wrapper import ColossalAIOptimWrapper
 from .constructor import OptimWrapperConstructor, register_constructor

@@ -16,6 +16,9 @@ def run(args) -> int:
     except ValueError as exc:  # bad options: plan_runs / Setup name the parameter and the fix
         print(f"python -m examples.demo: error: {exc}", file=sys.stderr)
         return 2
+    except ImportError as exc:  # an optional dependency missing: the message names the extra
+        print(f"python -m examples.demo: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

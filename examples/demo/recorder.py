@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fused_optim.optional import require
+
 from ..digits import load_digits
 from .plan import Run, Setup
 
@@ -39,7 +41,7 @@ class Recorder:
         self.run, self.setup, self.path, self.title = run, setup, Path(out_dir) / f"{run.name}.json", title
 
     def start(self, model: nn.Module) -> None:
-        from tqdm.auto import tqdm
+        tqdm = require("tqdm.auto", "examples", "the demo's progress bars").tqdm
 
         self._val = load_digits("val")
         self._interval = self.setup.budget / self.setup.evaluations

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from fused_optim.optional import require
+
 from .plan import Setup
 
 
@@ -31,8 +33,7 @@ def figure(results: list[dict], setup: Setup, title: str):
     scale B_simple the AdaScale runs measured (gray lines: their batches B·S). Linear scaling is
     dashed, the DDP run dotted (crosses in the gain and noise panels). Every panel has a legend;
     log axes label 1-2-5 ticks in plain numbers. Returns the matplotlib figure."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "examples", "the demo's plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
