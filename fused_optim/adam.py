@@ -49,9 +49,10 @@ def decoupled_flag(decoupled_weight_decay: bool | None, adam_w_mode: bool | None
 
 
 class FusedAdam(FusedOptimizer):
-    r"""apex/ColossalAI ``FusedAdam``: their signature and defaults (AdamW by default with
-    ``weight_decay=0``, ``bias_correction``). For ``torch.optim.Adam`` /
-    ``AdamW``'s use :class:`Adam` / :class:`AdamW`.
+    r"""apex/ColossalAI ``FusedAdam``: apex's signature, positional order included (params, lr,
+    bias_correction, betas, eps, adam_w_mode, weight_decay, amsgrad, set_grad_none, capturable,
+    master_weights), and defaults (AdamW by default with ``weight_decay=0``). For
+    ``torch.optim.Adam`` / ``AdamW``'s use :class:`Adam` / :class:`AdamW`.
 
     Adam and AdamW, fused over all tensors of a param group; step counters live in the kernel.
 
@@ -80,21 +81,25 @@ class FusedAdam(FusedOptimizer):
             apex/ColossalAI's name for the same flag, is accepted too; give one of them.
         bias_correction: divide the moments by 1 − β^t.
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
+        capturable: apex's flag, kept as a group key. On CUDA the kernels keep the step counters
+            on the device and read a Tensor lr, ``grad_scale`` and ``found_inf`` there, so a fused
+            step is capture-safe whatever it says; on the CPU it changes nothing.
+        master_weights: fp32 master weights of fp16/bf16 params (apex's flag of the same name).
         fused: None (kernels when possible), True (kernels or error), False (reference).
     """
 
     op_name = "adam_"
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *,
-                 adam_w_mode: bool | None = None, decoupled_weight_decay: bool | None = None,
-                 bias_correction: bool = True, maximize: bool = False, set_grad_none: bool = True,
-                 master_weights: bool = False, fused: bool | None = None,
+    def __init__(self, params, lr: float = 1e-3, bias_correction: bool = True,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, adam_w_mode: bool | None = None,
+                 weight_decay: float = 0.0, amsgrad: bool = False, set_grad_none: bool = True,
+                 capturable: bool = False, master_weights: bool = False, *,
+                 decoupled_weight_decay: bool | None = None, maximize: bool = False, fused: bool | None = None,
                  state_dtype=None, state_rounding: str = "nearest", stochastic_rounding: bool = False):
+        check_flag("capturable", capturable)
         defaults = dict(lr=lr, betas=as_betas(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         decoupled_weight_decay=decoupled_flag(decoupled_weight_decay, adam_w_mode),
-                        bias_correction=bias_correction,
-                        maximize=maximize)
+                        bias_correction=bias_correction, maximize=maximize, capturable=capturable)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
                          state_dtype=state_dtype, state_rounding=state_rounding,
                          stochastic_rounding=stochastic_rounding)

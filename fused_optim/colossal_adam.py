@@ -71,7 +71,7 @@ class CPUAdam(FusedAdam):
                  adamw_mode: bool = True, nvme_offload_fraction: float = 0.0, nvme_offload_dir: str | None = None,
                  *, set_grad_none: bool = True, master_weights: bool = False, fused: bool | None = None):
         check_flag("adamw_mode", adamw_mode)
-        super().__init__(model_params, lr, betas, eps, weight_decay, adam_w_mode=adamw_mode,
+        super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, adam_w_mode=adamw_mode,
                          bias_correction=bias_correction, set_grad_none=set_grad_none,
                          master_weights=master_weights, fused=fused)
         self.state_files = StateFiles(self, nvme_offload_fraction, nvme_offload_dir, _OFFLOADED)
