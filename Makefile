@@ -80,4 +80,4 @@ check-cuda-build: $(CUDA_PY)
 CHECK_GPU_OUT ?= $(if $(OUT),$(OUT),gpu-check)
 CHECK_GPU_ARGS ?=
 check-gpu:
-	tools/check_gpu.sh "$(CHECK_GPU_OUT)" $(CHECK_GPU_ARGS)
+	sh tools/check_gpu.sh "$(CHECK_GPU_OUT)" $(CHECK_GPU_ARGS)

@@ -60,7 +60,12 @@ def test_dry_run_installs_into_the_scratch_target_runs_every_step_and_reports(tm
 
 
 def test_a_failing_step_fails_the_run_the_others_still_run(tmp_path):
+    """Also: a --scratch folder used before is emptied first (a stale file there would be imported)."""
+    for stale in ("site/stale.py", "src/pyproject.toml"):
+        (tmp_path / "scratch" / stale).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "scratch" / stale).write_text("stale")
     proc, report, md = _dry_run(tmp_path, "--inject-failure", "tests", "--skip", "compile")
+    assert not (tmp_path / "scratch" / "site" / "stale.py").exists()
     assert proc.returncode == 1
     status = {s["name"]: s["status"] for s in report["steps"]}
     assert status["tests"] == "FAILED" and status["build"] == status["install"] == "PASSED"
@@ -79,11 +84,11 @@ def test_a_step_past_its_time_is_killed_and_one_past_the_budget_not_run(tmp_path
                "'import time; time.sleep(30)']); print('unreachable')"]
     slow = check_gpu.Step("slow", "sleeps", timeout_s=2, command=sleeper)
     start = time.monotonic()
-    check_gpu.run_step(slow, dict(os.environ), time.monotonic() + 100, tmp_path)
+    check_gpu.run_step(slow, dict(os.environ), time.monotonic() + 100, tmp_path, cwd=tmp_path)
     assert slow.status == "TIMEOUT" and time.monotonic() - start < 15
     assert "killed after 2 s" in slow.reason and "unreachable" not in slow.output_tail
     late = check_gpu.Step("late", "never starts", timeout_s=60, command=[sys.executable, "-c", "pass"])
-    check_gpu.run_step(late, dict(os.environ), time.monotonic() + 0.5, tmp_path)
+    check_gpu.run_step(late, dict(os.environ), time.monotonic() + 0.5, tmp_path, cwd=tmp_path)
     assert late.status == "NOT RUN" and "budget was spent" in late.reason
     assert {"TIMEOUT", "NOT RUN"} <= set(check_gpu.FAILING)
 
@@ -121,8 +126,8 @@ def test_the_gpu_plan_runs_the_gpu_tests_the_sanitizers_where_found_and_the_benc
     assert all("--emulated" not in steps[name].command for name in ("build", "compile"))
     for tool in ("memcheck", "racecheck"):
         if sanitizer:
-            assert steps[tool].command == [str(fake), "--tool", tool, "--error-exitcode", "1", sys.executable,
-                                           check_gpu.STEPS_SCRIPT, "one-step"]
+            assert steps[tool].command == [str(fake), "--tool", tool, "--error-exitcode", "1", "--report-api-errors",
+                                           "no", sys.executable, check_gpu.STEPS_SCRIPT, "one-step"]
         else:
             assert steps[tool].command is None and steps[tool].reason == "compute-sanitizer is not on PATH"
     assert steps["bench"].command[1:] == ["-m", "benchmarks", "--device", "cuda", "--lists", "1M", "--repeats", "3",
