@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,6 @@ class Step:
     exit_code: int | None = None
     output_tail: str = ""
     log: str = ""
-    env: dict = field(default_factory=dict, repr=False)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -256,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
               "python": sys.version.split()[0], "dry_run": args.dry_run, "budget_s": args.budget,
               "started_utc": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
               "total_s": time.time() - started,
-              "steps": [{k: v for k, v in asdict(s).items() if k != "env"} for s in steps]}
+              "steps": [asdict(s) for s in steps]}
     (out / "check_gpu.json").write_text(json.dumps(report, indent=2))
     (out / "check_gpu.md").write_text(markdown(report))
     print(f"check-gpu: {report['result']}: wrote {out / 'check_gpu.md'} and {out / 'check_gpu.json'}")
