@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 TEST_MINUTES := about 9
 FAST_MINUTES := about 2
 
-.PHONY: test test-fast demo bench install check-cuda-build
+.PHONY: test test-fast demo bench install check-cuda-build check-gpu
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -72,3 +72,12 @@ check-cuda-build: $(CUDA_PY)
 	CUDA_HOME="$(CUDA_HOME)" $(CUDA_VENV)/bin/fused-optim build --cuda
 	CUDA_HOME="$(CUDA_HOME)" $(CUDA_VENV)/bin/pytest -q --durations=10 -k "not compiles_for_every_arch" \
 		tests/build/test_cuda_compile.py tests/kernels/test_ops.py tests/build/test_build_faults.py
+
+# `make check-gpu`: on a machine with a GPU (no network needed), the CUDA kernels installed over the
+# machine's own torch, built, tested, sanitized and benchmarked in under 8 minutes; a markdown and
+# a JSON report under $(CHECK_GPU_OUT) (docs/gpu.md). Uses the machine's python3, not a venv:
+# `make check-gpu PYTHON=/path/to/python CHECK_GPU_ARGS="--skip bench"`.
+CHECK_GPU_OUT ?= $(if $(OUT),$(OUT),gpu-check)
+CHECK_GPU_ARGS ?=
+check-gpu:
+	sh tools/check_gpu.sh "$(CHECK_GPU_OUT)" $(CHECK_GPU_ARGS)
