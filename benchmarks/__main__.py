@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="skip the largest list (and, on cpu, the build timing)")
     parser.add_argument("--repeats", type=_positive_int, default=None, help="rounds per case (default 11, quick 5)")
     parser.add_argument("--lists", nargs="+", choices=["1M", "25M", "100M", "1B"], default=None,
-                        help="param lists to run: cpu 1M 25M 100M, cuda 1M 25M 1B (default: all; quick: 1M 25M)")
+                        help="param lists to run: cpu 1M 25M 100M, cuda 1M 25M 100M 1B (default: all; quick: 1M 25M)")
     parser.add_argument("--out", default="bench-results", help="output directory (default: bench-results)")
     return run(parser.parse_args(argv))
 

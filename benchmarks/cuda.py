@@ -40,10 +40,11 @@ import fused_optim
 from benchmarks.common import FUSED_ADAM, PARAM_LISTS, PEERS, TRAFFIC, Row, table, timm_optimizers, variants
 
 OPTIMIZERS = ("sgd", "adamw", "lamb", "lars")
-# id -> (label, shapes); 1M and 25M as in the CPU benchmark.
+# id -> (label, shapes); 1M, 25M and 100M as in the CPU benchmark.
 LISTS: dict[str, tuple[str, Callable[[], list[tuple[int, ...]]]]] = {
     "1M": PARAM_LISTS["1M"],
     "25M": PARAM_LISTS["25M"],
+    "100M": PARAM_LISTS["100M"],
     "1B": ("20 tensors / 1B", lambda: [(50_000_000,)] * 20),
 }
 QUICK_LISTS = ["1M", "25M"]

@@ -76,8 +76,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="no GPU: the CUDA emulation on the CPU, few tests, no sanitizer or benchmark")
     parser.add_argument("--python", default=sys.executable, help="the Python with torch (default: this one)")
     parser.add_argument("--scratch", default=None, help="where to install the package (default: a temporary folder)")
-    parser.add_argument("--bench-lists", nargs="+", default=["25M", "1B"], choices=["1M", "25M", "1B"],
-                        help="benchmark param lists (benchmarks/cuda.py LISTS; default 25M 1B)")
+    parser.add_argument("--bench-lists", nargs="+", default=["25M", "100M", "1B"],
+                        choices=["1M", "25M", "100M", "1B"],
+                        help="benchmark param lists (benchmarks/cuda.py LISTS; default 25M 100M 1B)")
     parser.add_argument("--bench-repeats", type=int, default=5, help="benchmark rounds per case (default 5)")
     parser.add_argument("--skip", nargs="+", default=[], metavar="STEP",
                         help="steps not to run (a rerun's time for the others: --skip build bench)")

@@ -149,7 +149,8 @@ def _model(dtype, seed=0):
 
 def _steps(model, opt, n, seed=1):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 16, 40, generator=g).to(next(model.parameters()).dtype)
+    first = next(model.parameters())
+    x = torch.randn(n, 16, 40, generator=g).to(device=first.device, dtype=first.dtype)
     for i in range(n):
         opt.zero_grad()
         model(x[i]).float().square().mean().backward()
@@ -196,3 +197,37 @@ def test_emulated_cuda_steps_and_resumes_like_the_cpu_kernels(cls, dtype, kwargs
         for key, b in [("param", q.detach()), *cpu_opt.state[q].items()]:
             a = p.detach() if key == "param" else resumed.state[p][key]
             assert a.dtype == b.dtype and torch.equal(a, b), key
+
+
+@pytest.mark.cuda
+@BOTH_FUSE
+@pytest.mark.parametrize("cls,dtype,kwargs", OPTIMIZERS, ids=["adamw-8bit", "adamw-bf16-sr", "sgd-8bit-masters"])
+def test_gpu_steps_and_resumes_like_the_cpu_kernels(cls, dtype, kwargs):
+    """The test above on a real GPU: 3 steps, a state dict through ``torch.save`` and a
+    ``weights_only`` load into a fresh optimizer, 3 more steps; params and every state tensor
+    equal 6 CPU-kernel steps bit for bit (both devices fuse x*y + z and draw the same rounding
+    bits from the same keys)."""
+    fused_optim._build.load("cpu")
+    cpu_model = _model(dtype)
+    cpu_opt = cls(cpu_model.parameters(), fused=True, **kwargs)
+    _steps(cpu_model, cpu_opt, 3)
+    _steps(cpu_model, cpu_opt, 3, seed=2)
+    model = _model(dtype).cuda()
+    opt = cls(model.parameters(), fused=True, **kwargs)
+    _steps(model, opt, 3)
+    assert opt.implementation == "fused"
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    resumed_model = _model(dtype, seed=5).cuda()
+    resumed_model.load_state_dict(saved["model"])
+    resumed = cls(resumed_model.parameters(), fused=True, **kwargs)
+    resumed.load_state_dict(saved["opt"])
+    _steps(resumed_model, resumed, 3, seed=2)
+    assert resumed.implementation == "fused"
+    for p, q in zip(resumed_model.parameters(), cpu_model.parameters()):
+        assert resumed.state[p].keys() == cpu_opt.state[q].keys()
+        for key, b in [("param", q.detach()), *cpu_opt.state[q].items()]:
+            a = p.detach() if key == "param" else resumed.state[p][key]
+            assert a.dtype == b.dtype and torch.equal(a.cpu(), b), key
