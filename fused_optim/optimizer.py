@@ -195,7 +195,10 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         its tensors as saved (torch casts every state tensor of a floating-point param to its
         dtype: fp16 masters, uint8 codes, int64 rounding keys), and each group keeps its own
         compact-state options; the next step converts compact state saved in another format to
-        the group's (decode, encode)."""
+        the group's (decode, encode). A damaged param state (a step count that is not a finite
+        number >= 0, an 8-bit absmax of the wrong length) raises ``ValueError`` naming the param,
+        and nothing is loaded."""
+        param_state.check_loaded(state_dict, self._moments)
         kept = param_state.kept_as_saved(state_dict["state"])
         formats = param_state.group_formats(self.param_groups)
         super().load_state_dict(state_dict)

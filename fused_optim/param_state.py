@@ -20,6 +20,8 @@ between :func:`make_master` and :func:`to_group_format`) and keeps it where the 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -128,6 +130,50 @@ def expected_state(name: str, group: dict, p: Tensor, values: torch.dtype,
     if keys is not None and any(name == key for key, _ in keys):
         return state_formats.target_dtype(group, values), p.device
     return values, p.device
+
+
+def check_loaded(state_dict: dict, keys: list[tuple[str, bool]]) -> None:
+    """Raises ``ValueError`` for a saved param state no step can continue from, naming the param
+    (group index, position) and the key: a ``step`` that is not a finite non-negative number
+    (a damaged checkpoint: the update would turn the params non-finite), or 8-bit codes of a
+    moment (``keys``) without an absmax of one element per block of 256. Runs before anything
+    is loaded, so a refused state dict leaves the optimizer as it was."""
+    saved = state_dict["state"]
+    for gi, group in enumerate(state_dict["param_groups"]):
+        for i, pid in enumerate(group["params"]):
+            st = saved.get(pid)
+            if not isinstance(st, dict):
+                continue
+            where = f"param {i} of group {gi}"
+            if "step" in st:
+                _check_step(st["step"], where)
+            for key, _ in keys:
+                codes = st.get(key)
+                if isinstance(codes, Tensor) and codes.dtype == torch.uint8:
+                    _check_absmax(st.get(state_formats.absmax_key(key)), codes, key, where)
+
+
+def _check_step(step, where: str) -> None:
+    if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
+        value = float(step)
+    elif isinstance(step, (int, float)) and not isinstance(step, bool):
+        value = float(step)
+    else:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"the loaded state of {where} has 'step' = {step!r}; a step count is a finite number >= 0 "
+                         "(a damaged checkpoint?): load an intact checkpoint, or drop that param's state to "
+                         "restart its moments")
+
+
+def _check_absmax(absmax, codes: Tensor, key: str, where: str) -> None:
+    expected = state_formats.blocks_of(codes.numel())
+    name = state_formats.absmax_key(key)
+    if not isinstance(absmax, Tensor) or absmax.numel() != expected:
+        got = "none" if not isinstance(absmax, Tensor) else f"{absmax.numel()} elements"
+        raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of {codes.numel()} codes but {name!r} has "
+                         f"{got}; it needs {expected} (one per block of {state_formats.BLOCK}): load an intact "
+                         "checkpoint, or drop that param's state to restart its moments")
 
 
 def kept_as_saved(saved_state: dict) -> dict:
