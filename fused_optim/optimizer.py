@@ -9,8 +9,8 @@ An algorithm subclass declares data and small hooks:
   made like ``state_like(p, state)`` (the param, or its fp32 master under master weights);
 * ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
-  ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
-  i.e. this is its first step); its op's spec makes them (an algorithm need not write it);
+  ``(state tensor lists, per-step lists)`` (``fresh[i]``: ``_init_state`` made state for param i
+  for this step, i.e. this is its first step); its op's spec makes them (an algorithm need not write it);
 * ``_scalars(group)``: the op's keyword scalars, built from the group as the op's declaration in
   :mod:`.specs` maps them (an algorithm need not write it);
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off);
@@ -365,7 +365,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
             by_kind.setdefault((layers.of(p), p.device, p.dtype, fused), []).append(i)
-        fresh_ids = {id(made.state) for made in plan.created}
+        fresh_ids = {id(made.state) for made in plan.created if made.first}
         for (_, _, _, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
@@ -379,20 +379,25 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     def _step_state(self, plan: Plan, p: Tensor, group: dict, gi: int, i: int, compact: bool) -> dict:
         """Param ``i``'s state for this step: made where it is missing (its master, the
         algorithm's tensors, the group's compact format; recorded in ``plan.created``, so that a
-        step that fails or is skipped puts it back), its step counter on the right device."""
+        step that fails or is skipped puts it back), its step counter on the right device. The
+        param is on its first step when the algorithm made state for it (``_init_state``); state
+        that was only converted (a master added to loaded state, moments brought to the group's
+        format) continues where it was."""
         state = self.state.get(p)  # not self.state[p]: dynamo cannot trace our __missing__
         new = state is None
         if new:
             state = self.state.new_param_state()
         before = dict(state)
         param_state.make_master(p, state, group, gi, i)
+        made = dict(state)
         self._init_state(p, state, group)
+        first = len(state) != len(made) or any(state[k] is not v for k, v in made.items())
         if compact or param_state.in_other_format(p, state, self._moments):
             param_state.to_group_format(p, state, group, gi, i, self._moments)
         if new and state:  # as torch.optim: a param without state tensors has no entry
             self.state[p] = state
         if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
-            plan.created.append(Created(p, state, None if new else before))
+            plan.created.append(Created(p, state, None if new else before, first))
         param_state.place_step(p, state)
         return state
 
