@@ -165,10 +165,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
 
     def state_dict(self) -> dict:
-        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other);
+        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other)
+        in its saved form (8-bit codes with a trailing dimension of 1: :func:`.param_state.saved_form`);
         entries of ``optimizer.state`` that are not dicts are kept as they are, as torch does."""
         state_dict = super().state_dict()
-        state_dict["state"] = {key: dict(value) if isinstance(value, ParamState) else value
+        state_dict["state"] = {key: param_state.saved_form(value) if isinstance(value, ParamState) else value
                                for key, value in state_dict["state"].items()}
         return state_dict
 
@@ -196,9 +197,9 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         dtype: fp16 masters, uint8 codes, int64 rounding keys), and each group keeps its own
         compact-state options; the next step converts compact state saved in another format to
         the group's (decode, encode). A damaged param state (a step count that is not a finite
-        number >= 0, an 8-bit absmax of the wrong length) raises ``ValueError`` naming the param,
-        and nothing is loaded."""
-        param_state.check_loaded(state_dict, self._moments)
+        number >= 0, 8-bit codes or absmax of the wrong length) raises ``ValueError`` naming the
+        param, and nothing is loaded."""
+        param_state.check_loaded(state_dict, self.param_groups, self._moments)
         kept = param_state.kept_as_saved(state_dict["state"])
         formats = param_state.group_formats(self.param_groups)
         super().load_state_dict(state_dict)
