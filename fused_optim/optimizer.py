@@ -34,7 +34,8 @@ each param as its master rounded to nearest even (one kernel pass on the CPU). `
 (``torch.bfloat16`` or ``"8bit"``), ``state_rounding`` and ``stochastic_rounding`` (keywords of
 the optimizers whose op has compact kernels, ``OpSpec.compact``; group keys when set) keep the
 moments in fewer bytes (formats: :mod:`.state_formats`): such a group steps through its op's
-compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved.
+compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved (8-bit codes
+with a trailing dimension of 1, which no other optimizer takes for moments).
 
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
@@ -280,8 +281,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         return used
 
     def _forget(self, group: dict, plan: Plan) -> None:
-        """Undo the state ``plan`` made for first steps (a param that never stepped has no state,
-        or the state it had) and drop the group's cached plan."""
+        """Undo the state ``plan`` made or converted for this step (a param that never stepped has
+        no state, or the state it had) and drop the group's cached plan."""
         for made in plan.created:
             if made.before is None:
                 del self.state[made.param]

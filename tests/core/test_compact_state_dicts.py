@@ -44,14 +44,13 @@ def test_8bit_codes_are_saved_with_a_trailing_dimension(shape):
     ((fused_optim.AdamW, dict(weight_decay=0.0)), (torch.optim.Adam, {})),
     ((fused_optim.SGD, dict(momentum=0.9)), (torch.optim.SGD, dict(momentum=0.9))),
 ], ids=["adamw", "adam", "sgd"])
-@pytest.mark.parametrize("impl", [{"foreach": False}, {"foreach": True}, {"fused": True}], ids=["loop", "foreach", "fused"])
+@pytest.mark.parametrize("impl", [{"foreach": False}, {"foreach": True}, {"fused": True}],
+                         ids=["loop", "foreach", "fused"])
 def test_torch_optimizers_refuse_8bit_state_at_their_first_update(ours, theirs, impl, shape):
     """torch.optim casts the uint8 codes to the param's dtype and would step with them as
     moments (garbage of the size of the codes, 0..255); their saved shape makes its first update
     raise, before it changes the param (weight decay off, in the checkpoint's groups that torch
     loads: AdamW decays the param before its update)."""
-    if theirs[0] is torch.optim.SGD and "fused" in impl:
-        impl = {"fused": True}  # torch's SGD has a fused CPU kernel too
     opt, p = _stepped(ours[0], shape, state_dtype="8bit", **ours[1])
     q = torch.nn.Parameter(p.detach().clone())
     other = theirs[0]([q], lr=1e-2, **theirs[1], **impl)
