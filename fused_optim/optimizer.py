@@ -9,8 +9,8 @@ An algorithm subclass declares data and small hooks:
   made like ``state_like(p, state)`` (the param, or its fp32 master under master weights);
 * ``_check_state(state)``: raises for a loaded param state it cannot continue from;
 * ``_state_lists(group, params, states, fresh)``: the op's arguments after params and grads, as
-  ``(state tensor lists, per-step lists)`` (``fresh[i]``: param i got new state for this step,
-  i.e. this is its first step); its op's spec makes them (an algorithm need not write it);
+  ``(state tensor lists, per-step lists)`` (``fresh[i]``: ``_init_state`` made state for param i
+  for this step, i.e. this is its first step); its op's spec makes them (an algorithm need not write it);
 * ``_scalars(group)``: the op's keyword scalars, built from the group as the op's declaration in
   :mod:`.specs` maps them (an algorithm need not write it);
 * ``_layout(group)``: what in a group changes those lists (e.g. momentum on/off);
@@ -34,7 +34,8 @@ each param as its master rounded to nearest even (one kernel pass on the CPU). `
 (``torch.bfloat16`` or ``"8bit"``), ``state_rounding`` and ``stochastic_rounding`` (keywords of
 the optimizers whose op has compact kernels, ``OpSpec.compact``; group keys when set) keep the
 moments in fewer bytes (formats: :mod:`.state_formats`): such a group steps through its op's
-compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved.
+compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved (8-bit codes
+with a trailing dimension of 1, which no other optimizer takes for moments).
 
 ``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
 ``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
@@ -165,10 +166,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}
 
     def state_dict(self) -> dict:
-        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other);
+        """torch's, each param's state a plain dict (torch.load's ``weights_only`` takes no other)
+        in its saved form (8-bit codes with a trailing dimension of 1: :func:`.param_state.saved_form`);
         entries of ``optimizer.state`` that are not dicts are kept as they are, as torch does."""
         state_dict = super().state_dict()
-        state_dict["state"] = {key: dict(value) if isinstance(value, ParamState) else value
+        state_dict["state"] = {key: param_state.saved_form(value) if isinstance(value, ParamState) else value
                                for key, value in state_dict["state"].items()}
         return state_dict
 
@@ -195,7 +197,10 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         its tensors as saved (torch casts every state tensor of a floating-point param to its
         dtype: fp16 masters, uint8 codes, int64 rounding keys), and each group keeps its own
         compact-state options; the next step converts compact state saved in another format to
-        the group's (decode, encode)."""
+        the group's (decode, encode). A damaged param state (a step count that is not a finite
+        number >= 0, 8-bit codes or absmax of the wrong length) raises ``ValueError`` naming the
+        param, and nothing is loaded."""
+        param_state.check_loaded(state_dict, self.param_groups, self._moments)
         kept = param_state.kept_as_saved(state_dict["state"])
         formats = param_state.group_formats(self.param_groups)
         super().load_state_dict(state_dict)
@@ -276,8 +281,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         return used
 
     def _forget(self, group: dict, plan: Plan) -> None:
-        """Undo the state ``plan`` made for first steps (a param that never stepped has no state,
-        or the state it had) and drop the group's cached plan."""
+        """Undo the state ``plan`` made or converted for this step (a param that never stepped has
+        no state, or the state it had) and drop the group's cached plan."""
         for made in plan.created:
             if made.before is None:
                 del self.state[made.param]
@@ -362,7 +367,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
             by_kind.setdefault((layers.of(p), p.device, p.dtype, fused), []).append(i)
-        fresh_ids = {id(made.state) for made in plan.created}
+        fresh_ids = {id(made.state) for made in plan.created if made.first}
         for (_, _, _, fused), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
@@ -376,20 +381,25 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     def _step_state(self, plan: Plan, p: Tensor, group: dict, gi: int, i: int, compact: bool) -> dict:
         """Param ``i``'s state for this step: made where it is missing (its master, the
         algorithm's tensors, the group's compact format; recorded in ``plan.created``, so that a
-        step that fails or is skipped puts it back), its step counter on the right device."""
+        step that fails or is skipped puts it back), its step counter on the right device. The
+        param is on its first step when the algorithm made state for it (``_init_state``); state
+        that was only converted (a master added to loaded state, moments brought to the group's
+        format) continues where it was."""
         state = self.state.get(p)  # not self.state[p]: dynamo cannot trace our __missing__
         new = state is None
         if new:
             state = self.state.new_param_state()
         before = dict(state)
         param_state.make_master(p, state, group, gi, i)
+        made = dict(state)
         self._init_state(p, state, group)
+        first = len(state) != len(made) or any(state[k] is not v for k, v in made.items())
         if compact or param_state.in_other_format(p, state, self._moments):
             param_state.to_group_format(p, state, group, gi, i, self._moments)
         if new and state:  # as torch.optim: a param without state tensors has no entry
             self.state[p] = state
         if len(state) != len(before) or any(state[k] is not v for k, v in before.items()):
-            plan.created.append(Created(p, state, None if new else before))
+            plan.created.append(Created(p, state, None if new else before, first))
         param_state.place_step(p, state)
         return state
 

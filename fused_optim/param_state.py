@@ -20,6 +20,8 @@ between :func:`make_master` and :func:`to_group_format`) and keeps it where the 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -130,6 +132,68 @@ def expected_state(name: str, group: dict, p: Tensor, values: torch.dtype,
     return values, p.device
 
 
+def saved_form(state: dict) -> dict:
+    """A param's state as its state dict holds it: a plain dict whose 8-bit codes have a trailing
+    dimension of 1 (shape ``param.shape + (1,)``, a view). Any optimizer that would read them as
+    plain moments (torch.optim's cast them to the param's dtype) then fails at its first update
+    (no in-place update of the param takes a broadcast shape of more dimensions) instead of
+    stepping with codes as moments; :func:`restore_kept` gives them back the param's shape."""
+    return {k: v.unsqueeze(-1) if isinstance(v, Tensor) and v.dtype == torch.uint8 else v for k, v in state.items()}
+
+
+def check_loaded(state_dict: dict, groups: list[dict], keys: list[tuple[str, bool]]) -> None:
+    """Raises ``ValueError`` for a saved param state no step can continue from, naming the param
+    (group index, position) and the key: a ``step`` that is not a finite non-negative number
+    (a damaged checkpoint: the update would turn the params non-finite), or 8-bit codes of a
+    moment (``keys``) of another size than the param (of ``groups``, the loading optimizer's) or
+    without an absmax of one element per block of 256. Runs before anything is loaded, so a
+    refused state dict leaves the optimizer as it was."""
+    saved = state_dict["state"]
+    for gi, group in enumerate(state_dict["param_groups"]):
+        params = groups[gi]["params"] if gi < len(groups) else []
+        for i, pid in enumerate(group["params"]):
+            st = saved.get(pid)
+            if not isinstance(st, dict):
+                continue
+            where = f"param {i} of group {gi}"
+            if "step" in st:
+                _check_step(st["step"], where)
+            for key, _ in keys:
+                codes = st.get(key)
+                if isinstance(codes, Tensor) and codes.dtype == torch.uint8:
+                    _check_codes(codes, params[i].numel() if i < len(params) else codes.numel(), key, where)
+                    _check_absmax(st.get(state_formats.absmax_key(key)), codes, key, where)
+
+
+def _check_step(step, where: str) -> None:
+    if isinstance(step, Tensor) and step.numel() == 1 and not step.is_complex():
+        value = float(step)
+    elif isinstance(step, (int, float)) and not isinstance(step, bool):
+        value = float(step)
+    else:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"the loaded state of {where} has 'step' = {step!r}; a step count is a finite number >= 0 "
+                         "(a damaged checkpoint?): load an intact checkpoint, or drop that param's state to "
+                         "restart its moments")
+
+
+def _check_codes(codes: Tensor, numel: int, key: str, where: str) -> None:
+    if codes.numel() != numel:
+        raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of {codes.numel()} codes for a param of "
+                         f"{numel} elements: load the checkpoint into the params it was saved for")
+
+
+def _check_absmax(absmax, codes: Tensor, key: str, where: str) -> None:
+    expected = state_formats.blocks_of(codes.numel())
+    name = state_formats.absmax_key(key)
+    if not isinstance(absmax, Tensor) or absmax.numel() != expected:
+        got = "none" if not isinstance(absmax, Tensor) else f"{absmax.numel()} elements"
+        raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of {codes.numel()} codes but {name!r} has "
+                         f"{got}; it needs {expected} (one per block of {state_formats.BLOCK}): load an intact "
+                         "checkpoint, or drop that param's state to restart its moments")
+
+
 def kept_as_saved(saved_state: dict) -> dict:
     """Per saved param id, the state tensors ``load_state_dict`` keeps as saved rather than cast
     to the param's dtype as torch does: every tensor (but ``step``) of a state with a master
@@ -148,11 +212,14 @@ def kept_as_saved(saved_state: dict) -> dict:
 
 def restore_kept(state: dict, saved_groups: list[dict], groups: list[dict], kept: dict) -> None:
     """Puts the tensors of :func:`kept_as_saved` into the loaded ``state``, on their params'
-    devices (rounding keys on the CPU, where the kernels read them on every device)."""
+    devices (rounding keys on the CPU, where the kernels read them on every device), 8-bit codes
+    in their param's shape (saved with a trailing dimension of 1, or as older state dicts hold them)."""
     saved_ids = (pid for g in saved_groups for pid in g["params"])
     params = (p for g in groups for p in g["params"])
     for pid, p in zip(saved_ids, params):
         for key, value in kept.get(pid, {}).items():
+            if value.dtype == torch.uint8:
+                value = value.reshape(p.shape)
             state[p][key] = value.to(device="cpu" if key == state_formats.ROUNDING_KEY else p.device)
 
 

@@ -88,12 +88,15 @@ class Layers:
 
 @dataclass
 class Created:
-    """State a plan made for a param's first step: the param's state dict, what it held before
-    (None: the dict itself is new), so a step that fails or is skipped can put it back."""
+    """State a plan made or converted for a param's step: the param's state dict, what it held
+    before (None: the dict itself is new), so a step that fails or is skipped can put it back, and
+    whether the algorithm's state was made (``first``: the param's first step) or only converted
+    (a master added, moments brought to another format: the param continues)."""
 
     param: Tensor
     state: dict
     before: dict | None
+    first: bool
 
 
 @dataclass
