@@ -6,9 +6,9 @@ writer (tensornvme) around each param's update. Here the state tensors of that f
 and the kernel's page cache writes them back and evicts them under memory pressure, so they need
 no RAM of their own. Nothing else changes: the same kernels, bit for bit the same results.
 
-Which params: in the order of the optimizer's param groups, each CPU param whose state fits in
-the budget ``floor(fraction · Σ numel of all params)`` (ColossalAI's rule, which counts in order of
-first steps instead; the group order gives the same choice after a resume). Their state tensors
+Which params: in the order of the optimizer's param groups at construction, each CPU param whose
+state fits in the budget ``floor(fraction · Σ numel of all params)`` (ColossalAI's rule, which
+counts in order of first steps instead; the group order gives the same choice after a resume). Their state tensors
 named by ``keys`` live in ``<dir>/<group>_<index>_<key>.bin``, ``dir`` a fresh folder made inside
 ``nvme_offload_dir`` (or the system's temporary folder) and removed with the optimizer.
 
@@ -20,8 +20,9 @@ Faults and other users. The folder is made by ``mkdtemp`` (0o700, ours), checked
 refused (``ValueError`` naming ``nvme_offload_dir``) when a folder above it lets others rename it
 (writable by group or others without the sticky bit, or another user's: ``parents_problem``).
 Each file is created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (never an existing file or a planted
-symlink) and its blocks reserved (``posix_fallocate``), so a full disk is an ``OSError`` naming the
-file when it is made (the param's first step), not a SIGBUS when a page is first written. Before
+symlink) and its blocks reserved (``posix_fallocate``) at construction, for the state's size then
+known (the param's, or its fp32 master's under ``master_weights``), so a full disk is an
+``OSError`` naming the file when the optimizer is made, not a SIGBUS when a page is first written. Before
 each step, a file whose size or inode changed (truncated, replaced, deleted) is an ``OSError``
 naming it, not a SIGBUS. Each folder holds a ``LOCK`` file flock'ed while its optimizer lives: a
 folder whose lock nobody holds was left by a process that died (SIGKILL) and is removed by the
@@ -69,7 +70,7 @@ class StateFiles:
         self.requested_directory = None if directory is None else str(directory)
         self.keys = keys
         self._owner = weakref.ref(owner)
-        self._offloaded: dict[int, Path] | None = None  # id(param) -> its files' prefix (when chosen)
+        self._offloaded: dict[int, Path] = {}  # id(param) -> its files' prefix
         self.directory: Path | None = None
         self._files: dict[str, tuple[int, int]] = {}  # path -> (inode, size) of each file made
         if self.fraction > 0:
@@ -78,7 +79,22 @@ class StateFiles:
             weakref.finalize(owner, _remove_folder, self.directory, lock)
             _remove_stale_folders(self.directory.parent)
             _remove_on_sigterm()
+            self._offloaded = self._choose()
+            self._reserve()
             owner.register_step_pre_hook(lambda optimizer, args, kwargs: self.check())
+
+    def _reserve(self) -> None:
+        """Make every offloaded param's files now, each of its state's size: the param's numel in
+        its dtype, or in fp32 for an fp16/bf16 param of a group with ``master_weights``."""
+        for group in self._owner().param_groups:
+            for p in group["params"]:
+                prefix = self._offloaded.get(id(p))
+                if prefix is None:
+                    continue
+                fp32 = group.get("master_weights") and p.dtype in (torch.float16, torch.bfloat16)
+                size = p.numel() * (4 if fp32 else p.element_size())
+                for key in self.keys:
+                    self._create(f"{prefix}_{key}.bin", size)
 
     def _choose(self) -> dict[int, Path]:
         """id(param) -> file prefix of the params whose state is offloaded (chosen once, see above)."""
@@ -97,8 +113,6 @@ class StateFiles:
         values they hold); a no-op for a param that is not, or whose tensors already are."""
         if self.directory is None:
             return
-        if self._offloaded is None:
-            self._offloaded = self._choose()
         prefix = self._offloaded.get(id(p))
         if prefix is None:
             return
@@ -109,10 +123,14 @@ class StateFiles:
                 continue
             if getattr(value.untyped_storage(), "filename", None) == path:
                 continue
-            if path in self._files:  # a loaded state's values (same param: same size) go into our file
+            size = value.numel() * value.element_size()
+            if path in self._files:  # made at construction, or a loaded state's values going into our file
                 self._check(path)
-            else:
-                self._create(path, value.numel() * value.element_size())
+            if self._files.get(path, (None, size))[1] != size:  # another state dtype than reserved for
+                os.unlink(path)
+                del self._files[path]
+            if path not in self._files:
+                self._create(path, size)
             mapped = torch.from_file(path, shared=True, size=value.numel(), dtype=value.dtype).view_as(value)
             state[key] = mapped.copy_(value)
 
@@ -157,7 +175,7 @@ class StateFiles:
 
     def files_of(self, p: torch.Tensor) -> list[Path]:
         """The files holding ``p``'s state (empty: it is in memory)."""
-        prefix = None if self._offloaded is None else self._offloaded.get(id(p))
+        prefix = self._offloaded.get(id(p))
         return [] if prefix is None else [Path(f"{prefix}_{key}.bin") for key in self.keys]
 
 

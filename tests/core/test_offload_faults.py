@@ -37,22 +37,27 @@ def offloaded(tmp_path, **kw):
 
 
 @pytest.mark.slow
-def test_a_full_filesystem_is_an_oserror_naming_the_file(tmp_path):
-    """The files' blocks are reserved when they are made: a file-size limit (EFBIG, as a full disk
-    gives ENOSPC) fails that step with an error, where a sparse file killed the process later."""
-    out = child("""
+def test_a_full_filesystem_is_an_oserror_naming_the_file_at_construction(tmp_path):
+    """The files' blocks are reserved when the optimizer is made: a file-size limit (EFBIG, as a
+    full disk gives ENOSPC) fails the construction with an error naming the file, where a sparse
+    file killed the process at a later step; nothing is left behind."""
+    code = """
+import resource, signal, sys, torch, fused_optim
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: an error, not the signal
 resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))
+p = torch.nn.Parameter(torch.ones(65536))
 try:
-    opt.step()
+    fused_optim.CPUAdam([p], lr=0.1, nvme_offload_fraction=1.0, nvme_offload_dir=sys.argv[1], fused=False)
 except OSError as e:
     print("RAISED", e)
-""", tmp_path)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
-    folder = out.stdout.split()[0]
-    assert f"RAISED [Errno {27}] cannot reserve 262144 bytes for the offloaded optimizer state file {folder}/0_0_" \
+    assert f"RAISED [Errno {27}] cannot reserve 262144 bytes for the offloaded optimizer state file {tmp_path}/" \
         in out.stdout, out.stdout
     assert "lower nvme_offload_fraction" in out.stdout
+    assert not list(tmp_path.glob("*/*.bin"))
 
 
 @pytest.mark.slow
@@ -73,14 +78,30 @@ except OSError as e:
 
 
 def test_a_planted_symlink_is_never_followed(tmp_path):
-    """A file planted where a state file goes (here by us, as a user with write access to the folder
-    would) is refused; its target is untouched."""
+    """A state file replaced by a symlink (here by us, as a user with write access to the folder
+    would) is refused before the step writes through it; its target is untouched. (Files are
+    made at construction with O_EXCL | O_NOFOLLOW: a symlink planted earlier fails that.)"""
     p, opt = offloaded(tmp_path / "offload")
     target = tmp_path / "victim"
     target.write_bytes(b"precious")
-    (opt.state_files.directory / "0_0_exp_avg.bin").symlink_to(target)
-    with pytest.raises(OSError, match=r"cannot create the offloaded optimizer state file .*0_0_exp_avg.bin"):
+    planted = opt.state_files.directory / "0_0_exp_avg.bin"
+    planted.unlink()
+    planted.symlink_to(target)
+    with pytest.raises(OSError, match=r"offloaded optimizer state file .*0_0_exp_avg.bin"):
         opt.step()
+    assert target.read_bytes() == b"precious"
+    again = tmp_path / "again"
+    again.mkdir()
+    with pytest.raises(OSError, match=r"cannot create the offloaded optimizer state file .*exp_avg.bin"):
+        with pytest.MonkeyPatch.context() as patch:  # a symlink already where the file is made
+            real = fused_optim.state_files.StateFiles._create
+
+            def plant_then_create(self, path, size):
+                Path(path).symlink_to(target)
+                return real(self, path, size)
+
+            patch.setattr(fused_optim.state_files.StateFiles, "_create", plant_then_create)
+            offloaded(again)
     assert target.read_bytes() == b"precious"
 
 
