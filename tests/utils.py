@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
@@ -125,3 +126,23 @@ def optimizer_kwargs(name: str) -> dict:
     accepted = inspect.signature(get_spec(name).cls).parameters
     wanted = {"lr": 0.01, "momentum": 0.9, "weight_decay": 0.01, "seed": 0}
     return {k: v for k, v in wanted.items() if k in accepted}
+
+
+def compiled_step_matches_eager(cls, kw: dict, params: list, backend: str = "inductor",
+                                context=contextlib.nullcontext) -> None:
+    """``torch.compile(opt.step, fullgraph=True)`` of ``cls(**kw)`` over copies of ``params`` steps
+    as the eager optimizer does for 3 steps (grads k + 1); the state is created inside the graph
+    on the first compiled step. ``context``: where the steps run (the CUDA emulation, say)."""
+    torch._dynamo.reset()
+    comp = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt_e, opt_c = cls(params, fused=True, **kw), cls(comp, fused=True, **kw)
+    step = torch.compile(opt_c.step, fullgraph=True, backend=backend)
+    with context():
+        for k in range(3):
+            for a, b in zip(params, comp):
+                a.grad = torch.full_like(a, k + 1.0)
+                b.grad = a.grad.clone()
+            opt_e.step()
+            step()
+    for a, b in zip(params, comp):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

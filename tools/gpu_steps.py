@@ -30,7 +30,7 @@ from fused_optim import _build
 from fused_optim.registry import create_optimizer, list_optimizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from utils import optimizer_kwargs  # noqa: E402  (the hyperparameters the CUDA tests step with)
+from utils import compiled_step_matches_eager, optimizer_kwargs  # noqa: E402  (as the tests step)
 
 SIZES = (33, 4097)  # a partial vector and a partial block of 512 threads
 
@@ -93,20 +93,8 @@ def compiled(emulated: bool) -> None:
     backend = "eager" if emulated else "inductor"
     for cls, kw in ((fused_optim.FusedSGD, dict(lr=0.1, momentum=0.9)),
                     (fused_optim.FusedAdam, dict(lr=0.1, weight_decay=0.1))):
-        torch._dynamo.reset()
-        eager = [torch.nn.Parameter(torch.randn(n, device=device)) for n in SIZES]
-        comp = [torch.nn.Parameter(p.detach().clone()) for p in eager]
-        opt_e, opt_c = cls(eager, fused=True, **kw), cls(comp, fused=True, **kw)
-        step = torch.compile(opt_c.step, fullgraph=True, backend=backend)
-        with context():
-            for k in range(3):
-                for a, b in zip(eager, comp):
-                    a.grad = torch.full_like(a, k + 1.0)
-                    b.grad = a.grad.clone()
-                opt_e.step()
-                step()
-        for a, b in zip(eager, comp):
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        params = [torch.nn.Parameter(torch.randn(n, device=device)) for n in SIZES]
+        compiled_step_matches_eager(cls, kw, params, backend, context)
         print(f"{cls.__name__}: torch.compile(fullgraph=True, backend={backend}) == eager over 3 steps")
 
 

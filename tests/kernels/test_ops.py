@@ -8,6 +8,7 @@ import torch
 import fused_optim
 from fused_optim.spec import StateList
 from fused_optim.specs import SPECS
+from utils import compiled_step_matches_eager
 
 # Every declared op, with its declared sample values: each joins every op-level test below.
 SCALARS = {op: dict(spec.sample_scalars) for op, spec in SPECS.items()}
@@ -96,19 +97,7 @@ def test_compiled_step_with_fullgraph_matches_eager(cls, kw):
     """Works once the kernels are loaded (the build itself is not traceable): the first compiled
     step even creates the state inside the graph."""
     assert fused_optim.is_available()
-    torch._dynamo.reset()
-    eager = [torch.nn.Parameter(torch.randn(n)) for n in (7, 300)]
-    comp = [torch.nn.Parameter(p.detach().clone()) for p in eager]
-    opt_e, opt_c = cls(eager, fused=True, **kw), cls(comp, fused=True, **kw)
-    step = torch.compile(opt_c.step, fullgraph=True)
-    for k in range(3):
-        for a, b in zip(eager, comp):
-            a.grad = torch.full_like(a, k + 1.0)
-            b.grad = a.grad.clone()
-        opt_e.step()
-        step()
-        for a, b in zip(eager, comp):
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    compiled_step_matches_eager(cls, kw, [torch.nn.Parameter(torch.randn(n)) for n in (7, 300)])
 
 
 def step_bucket_twin(twin, lists, grads, per_step, kwargs) -> tuple[int, list[int]]:
