@@ -10,8 +10,8 @@ PIP := $(PY) $(PIP_INSTALL)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 # Measured on 2 idle cores, kernels cached (docs/design.md, "Tests"); printed by the targets.
-TEST_MINUTES := about 9
-FAST_MINUTES := about 2
+TEST_MINUTES := about 10
+FAST_MINUTES := about 3
 
 .PHONY: test test-fast demo bench install check-cuda-build check-gpu
 

@@ -22,6 +22,7 @@ def run_pair(case, dtype, steps, ours_kw=None, torch_kw=None, rtol=1e-6, late=Tr
     return ours, theirs
 
 
+@pytest.mark.slow  # 50 steps per case (seconds in all): the fast tier has the frozen trajectories
 @pytest.mark.parametrize("case", ALL_CASES, ids=ids(ALL_CASES))
 def test_fp32_kernel_matches_torch_over_50_steps(case):
     ours, _ = run_pair(case, torch.float32, 50, ours_kw=dict(fused=True), rtol=1e-6)

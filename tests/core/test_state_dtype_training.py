@@ -23,6 +23,9 @@ import fused_optim
 pytest.importorskip("sklearn")
 from examples.digits import DigitsCNN, load_digits  # noqa: E402
 
+# Each test trains a model for 200 steps (seconds each).
+pytestmark = pytest.mark.slow
+
 STEPS = 200
 LOSS_TOL = 0.01
 FORMATS = {

@@ -23,6 +23,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 import lightning_optim
 from utils import WORKERS
 
+# Every test here shares 2-rank runs a module fixture launches (processes).
+pytestmark = pytest.mark.slow
+
 WORKER = WORKERS / "lightning_distributed_worker.py"
 TIMEOUT = 1800  # seconds per launch: far above a loaded run; a hang fails the test
 
