@@ -19,7 +19,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from . import _build, param_state, state_formats
+from . import _build, param_state, sharding, state_formats
 from ._ops import FUSED_DEVICE_TYPES, FUSED_DTYPES
 from .step_plan import Bucket
 
@@ -90,6 +90,9 @@ class FallbackPolicy:
                 f"{type(self).__name__}: param {i} of group {gi} is a sparse tensor ({p.layout}); fused_optim "
                 "does not support sparse gradients or params (use torch.optim.SparseAdam, or a dense param)"
             )
+        unplaced = sharding.unfit_placements(p)
+        if unplaced:
+            raise RuntimeError(f"{type(self).__name__}: param {i} of group {gi} {unplaced}")
 
     def _may_fuse(self, p: Tensor, state: dict, group: dict, gi: int, i: int, kernels: dict[str, bool]) -> bool:
         """Whether param ``i`` of group ``gi`` goes to a fused bucket; when the kernels could be
@@ -106,7 +109,9 @@ class FallbackPolicy:
         return reason is None
 
     def _unfusable(self, p: Tensor, state: dict, group: dict) -> str | None:
-        """Why the kernel cannot update ``p`` in place, or None when it can."""
+        """Why the kernel cannot update ``p`` in place, or None when it can (a DTensor: its local
+        tensor, which the kernel updates)."""
+        p = sharding.local(p)
         if type(p) not in (Tensor, torch.nn.Parameter):
             return f"is a {type(p).__name__}, a tensor subclass the kernel cannot see through"
         if p.device.type not in FUSED_DEVICE_TYPES:
@@ -128,7 +133,7 @@ class FallbackPolicy:
             if not isinstance(t, Tensor) or name == "step":
                 continue
             want, device = param_state.expected_state(name, group, p, values, keys)
-            if not (t.is_contiguous() and t.dtype == want and t.device == device):
+            if not (sharding.local(t).is_contiguous() and t.dtype == want and t.device == device):
                 return f"has state '{name}' that is not a contiguous {want} tensor on {device}"
         return None
 
@@ -147,6 +152,10 @@ class FallbackPolicy:
                     f"{type(self).__name__}: param {i} of group {gi} has shape {tuple(p.shape)} but its gradient "
                     f"has shape {tuple(g.shape)}; give each param a gradient of its own shape"
                 )
+            if bucket.sharded or sharding.is_dtensor(g):
+                mismatch = sharding.grad_mismatch(p, g)
+                if mismatch:
+                    raise RuntimeError(f"{type(self).__name__}: param {i} of group {gi} {mismatch}")
         mismatch = self._dtype_mismatch(bucket, grads, gi)
         if mismatch is not None and self.fused:
             self._fallback(mismatch)

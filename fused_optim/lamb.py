@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from .adam import check_moments, decoupled_flag, init_moments
-from .norm import sum_squares_
+from . import sharding
+from .norm import sum_squares_, whole_tensor_sums
 from .checks import as_betas, check_betas, check_flag, check_lr, check_nonnegative, check_range, is_real
 from .fallback import in_group_terms
 from .optimizer import FusedOptimizer
@@ -114,10 +115,13 @@ class FusedLAMB(_LambBase):
         where = [(gi, i) for gi, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])
                  if p.grad is not None]
         grads = [self.param_groups[gi]["params"][i].grad for gi, i in where]
+        fused = False if self.fused is False else None
+        if any(sharding.is_dtensor(g) for g in grads):  # shards: the norm of the whole grads
+            return whole_tensor_sums(grads, fused=fused).sum().sqrt()
         # In float64, summed as the kernel sums the grads of a direct call: the same norm either way.
         sums = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
         try:
-            sum_squares_(sums, grads, [0] * len(grads), fused=False if self.fused is False else None)
+            sum_squares_(sums, grads, [0] * len(grads), fused=fused)
             return sums.sqrt()
         except RuntimeError as exc:
             raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc

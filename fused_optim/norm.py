@@ -1,6 +1,7 @@
 """The multi-tensor norm kernels: ``multi_tensor_l2norm`` (per-tensor and global L2 norms of a tensor
 list in one pass), ``sum_squares_`` (per-group sums of squares, for AdaScale) and
-``grad_sum_squares_`` (the same of the params' ``.grad``)."""
+``grad_sum_squares_`` (the same of the params' ``.grad``); ``whole_tensor_sums``, the sums of
+squares of tensors that may be DTensor shards, over the whole tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from . import _build, _ops, _reference
+from . import _build, _ops, _reference, sharding
 
 
 def multi_tensor_l2norm(tensors: Iterable[Tensor], per_tensor: bool = False, *, fused: bool | None = None):
@@ -26,13 +27,17 @@ def multi_tensor_l2norm(tensors: Iterable[Tensor], per_tensor: bool = False, *, 
     float32 (float64 when any input is float64). ``fused`` as for the optimizers: None uses the
     kernel when it builds and the tensors are on the CPU or a GPU (else ``torch.linalg.vector_norm``,
     with a warning), True requires the kernel, False never uses it. Tensors on several devices are
-    normed per device and gathered on the first tensor's device.
+    normed per device and gathered on the first tensor's device. DTensors are normed as whole
+    tensors (:func:`whole_tensor_sums`: one all-reduce of per-tensor sums; float64 results).
 
     Returns:
         ``global_norm`` (0-dim tensor), or ``(global_norm, norms)`` with ``per_tensor=True``.
     """
     tensors = list(tensors)
-    if len({t.device for t in tensors}) > 1:
+    if any(sharding.is_dtensor(t) for t in tensors):
+        sums = whole_tensor_sums(tensors, fused=fused)
+        result = sums.sum().sqrt(), sums.sqrt()
+    elif len({t.device for t in tensors}) > 1:
         result = _l2norm_per_device(tensors, fused)
     else:
         result = _kernel_or_reference("multi_tensor_l2norm", "l2norm", _reference.l2norm, fused, tensors, tensors)
@@ -49,6 +54,18 @@ def _l2norm_per_device(tensors: list[Tensor], fused: bool | None) -> tuple[Tenso
         _, per = multi_tensor_l2norm([tensors[i] for i in index], per_tensor=True, fused=fused)
         norms[torch.tensor(index, device=norms.device)] = per.to(norms.device, dtype)
     return norms.square().sum().sqrt(), norms
+
+
+def whole_tensor_sums(tensors: list[Tensor], *, fused: bool | None = None) -> Tensor:
+    r"""``sums[i] = Σ tensors[i]²`` over the whole tensor, in float64: a DTensor's local sums
+    (:func:`sum_squares_` of the local tensors) are summed over the mesh dimensions that shard it
+    (:func:`.sharding.all_reduce_rows`: one all-reduce for FSDP2's params); every rank gets the
+    same sums. Plain tensors are summed as they are."""
+    local = sharding.locals_of(tensors)
+    sums = torch.zeros(len(local), dtype=torch.float64, device=local[0].device if local else None)
+    sum_squares_(sums, local, list(range(len(local))), fused=fused)
+    sharding.all_reduce_rows(sums, tensors)
+    return sums
 
 
 def sum_squares_(sums: Tensor, tensors: list[Tensor], index: list[int], *, fused: bool | None = None) -> None:

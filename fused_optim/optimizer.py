@@ -48,7 +48,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import _ops, param_state, state_formats
+from . import _ops, param_state, sharding, state_formats
 from .checks import check_flag, check_lr, is_real, lr_missing
 from .fallback import FallbackPolicy, in_group_terms
 from .spec import OpSpec
@@ -347,7 +347,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             self._forget(group, plan)
             raise
         plan.state_version = self.state.version
-        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused
+        plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused \
+            and not plan.buckets[0].sharded
         if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
             self._plans[id(group)] = plan
         return plan
@@ -366,9 +367,9 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             self._check_param(p, gi, i)
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
-            by_kind.setdefault((layers.of(p), p.device, p.dtype, fused), []).append(i)
+            by_kind.setdefault((layers.of(p), p.device, p.dtype, fused, sharding.is_dtensor(p)), []).append(i)
         fresh_ids = {id(made.state) for made in plan.created if made.first}
-        for (_, _, _, fused), index in by_kind.items():
+        for (_, _, _, fused, sharded), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
             state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
@@ -376,7 +377,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             if compact:
                 flags, extra = param_state.compact_lists(self._spec, group, params, states, state)
                 state = (*state, *extra)
-            plan.buckets.append(Bucket(index, len(index) == len(grads), params, state, per_step, fused, flags))
+            plan.buckets.append(Bucket(index, len(index) == len(grads), params, state, per_step, fused, flags, sharded))
 
     def _step_state(self, plan: Plan, p: Tensor, group: dict, gi: int, i: int, compact: bool) -> dict:
         """Param ``i``'s state for this step: made where it is missing (its master, the
@@ -395,6 +396,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         self._init_state(p, state, group)
         first = len(state) != len(made) or any(state[k] is not v for k, v in made.items())
         if compact or param_state.in_other_format(p, state, self._moments):
+            sharding.check_format(p, state_formats.target_dtype(group, torch.float32), f"param {i} of group {gi}")
             param_state.to_group_format(p, state, group, gi, i, self._moments)
         if new and state:  # as torch.optim: a param without state tensors has no entry
             self.state[p] = state
@@ -410,6 +412,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         writes anything, so the hot path does no per-grad Python check: a bucket the kernel
         refuses is unchanged and is redone here by the reference path, or the error is raised,
         naming params by their index in the group."""
+        if bucket.sharded and bucket.fused:
+            return self._run_sharded(bucket, grads, gi, scalars, amp)
         if bucket.compact is not None:
             return self._run_compact(bucket, grads, gi, scalars, amp)
         if bucket.fused:
@@ -428,6 +432,24 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         self._check_grads(bucket, grads, gi)
         self._spec.run_reference(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars)
         return "reference"
+
+    def _run_sharded(self, bucket: Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
+        """``_run`` for a fused bucket of DTensor params: the op (or its compact twin) on the local
+        tensors of params, grads and state; a layer-wise op with the norms of the whole tensors
+        (:func:`.sharding.run_layerwise`)."""
+        self._check_grads(bucket, grads, gi)
+        name, flags = (self.op_name, {}) if bucket.compact is None else (self._spec.compact_name, bucket.compact)
+        lists = (sharding.locals_of(bucket.params), sharding.locals_of(grads),
+                 *(sharding.locals_of(lst) for lst in bucket.state), *bucket.per_step)
+        kwargs = dict(**amp, **scalars, **flags)
+        try:
+            if "norm_sums" in scalars:
+                sharding.run_layerwise(_ops.op(name), lists, bucket.params, kwargs)
+            else:
+                _ops.op(name)(*lists, **kwargs)
+        except RuntimeError as exc:
+            raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
+        return "fused"
 
     def _run_compact(self, bucket: Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
         """``_run`` for a compact bucket: the compact twin op (a list op, CPU or CUDA) or its reference."""
@@ -470,4 +492,5 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             index = [i for i, p in enumerate(group["params"]) if p.grad is not None]
             params = [group["params"][i] for i in index]
             # one fused bucket of the group's params with grads: the dtypes fused=True refuses
-            self._check_grads(Bucket(index, False, params, (), (), True), [p.grad for p in params], gi)
+            sharded = any(sharding.is_dtensor(p) for p in params)
+            self._check_grads(Bucket(index, False, params, (), (), True, sharded=sharded), [p.grad for p in params], gi)

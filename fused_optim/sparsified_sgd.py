@@ -6,6 +6,7 @@ import numbers
 
 import torch
 
+from . import sharding
 from .checks import check_lr, check_nonnegative, check_range
 from .optimizer import FusedOptimizer
 from .param_state import state_like
@@ -74,6 +75,15 @@ class SparsifiedSGD(FusedOptimizer):
         k = group["sparse_grad_size"]
         check_range("sparse_grad_size", k, isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1,
                     "need an int >= 1")
+
+    def _check_param(self, p: torch.Tensor, gi: int, i: int) -> None:
+        """The base's checks, and a refusal of DTensor params: the k largest entries of a shard
+        are not those of the tensor (mlbench picks them per whole tensor)."""
+        super()._check_param(p, gi, i)
+        if sharding.is_dtensor(p):
+            raise RuntimeError(f"SparsifiedSGD: param {i} of group {gi} is a DTensor: the entries it sends are "
+                               "chosen per whole tensor, which a shard does not hold; step sharded params with "
+                               "another optimizer, or give SparsifiedSGD plain (replicated) params")
 
     def _init_state(self, p, state, group) -> None:
         if "memory" not in state:

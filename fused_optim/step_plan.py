@@ -37,6 +37,7 @@ class Bucket:
     per_step: tuple  # the op's other list arguments (e.g. first-step flags)
     fused: bool
     compact: dict | None = None  # the compact twin's flags (its lists end ``state``), or None: the plain op
+    sharded: bool = False  # DTensor params: the op takes their local tensors (fused_optim/sharding.py)
     _id: int | None = None
 
     def bucket_id(self) -> int:

@@ -1,0 +1,128 @@
+"""Params sharded across processes as ``DTensor`` (FSDP2's ``fully_shard``, tensor parallelism).
+
+A DTensor param is updated through the kernels on its local tensor (``to_local()``: the shard
+this process holds, or its replica), with its grad's local tensor and the local tensors of its
+state. Its state tensors are made like the param, so they are DTensors with the param's mesh and
+placements, which ``torch.distributed.checkpoint`` saves and reshards; step counters and rounding
+keys stay plain tensors (the same on every rank).
+
+An elementwise update of a shard is the update of those elements of the whole tensor, so a
+sharded step equals the unsharded one bit for bit. A layer-wise one (LARS, LAMB: the ops whose
+spec takes ``norm_sums``) needs norms of whole tensors: :func:`all_reduce_rows` sums each
+tensor's local sums of squares over the mesh dimensions that shard it — a ``Replicate``
+dimension holds copies, summed once — and the op is called twice (:func:`run_layerwise`):
+the local sums only, then the update with the sums of the whole tensors.
+
+``torch.distributed.tensor`` is looked up in ``sys.modules``, never imported here: where nobody
+imported it, no DTensor exists, and a plain optimizer pays no import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import Tensor
+
+
+def dtensor_type() -> type | None:
+    """The ``DTensor`` class when ``torch.distributed.tensor`` was imported, else None."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def is_dtensor(t) -> bool:
+    cls = dtensor_type()
+    return cls is not None and isinstance(t, cls)
+
+
+def local(t: Tensor) -> Tensor:
+    """The local tensor of a DTensor (the same storage: the kernels update it in place), else ``t``.
+    Called under ``no_grad`` (a step), where ``to_local()`` is not an autograd op."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def locals_of(tensors: list) -> list:
+    """:func:`local` of each element of a list of tensors (other lists, of flags, unchanged)."""
+    return [local(t) if isinstance(t, Tensor) else t for t in tensors]
+
+
+def layout(t: Tensor) -> tuple | None:
+    """(mesh, placements) of a DTensor, None for a plain tensor: params of one bucket share it."""
+    return (t.device_mesh, tuple(t.placements)) if is_dtensor(t) else None
+
+
+def unfit_placements(p: Tensor) -> str | None:
+    """Why no optimizer can step DTensor ``p`` as it is placed (a ``Partial`` placement: pending
+    sums, not values), or None."""
+    if is_dtensor(p):
+        pending = [pl for pl in p.placements if pl.is_partial()]
+        if pending:
+            return (f"is a DTensor with a Partial placement ({pending[0]}): its values are pending sums; "
+                    "redistribute it to Shard or Replicate placements before the optimizer steps it")
+    return None
+
+
+def grad_mismatch(p: Tensor, g: Tensor) -> str | None:
+    """Why ``g`` cannot be the grad of ``p`` for a step on local tensors (the grad of a DTensor
+    param must be a DTensor placed as the param is, so that their local tensors hold the same
+    elements), or None."""
+    pl, gl = layout(p), layout(g)
+    if pl == gl:
+        return None
+    if pl is None or gl is None:
+        kinds = ("a DTensor" if pl else "a plain tensor", "a DTensor" if gl else "a plain tensor")
+        return f"is {kinds[0]} but its gradient is {kinds[1]}; give the param a gradient of its own kind"
+    return (f"is a DTensor placed {list(pl[1])} on {pl[0]} but its gradient is placed {list(gl[1])} on {gl[0]}; "
+            "redistribute the gradient to the param's placements (grad.redistribute(p.device_mesh, p.placements))")
+
+
+def check_format(p: Tensor, state_dtype: torch.dtype, where: str) -> None:
+    """Raises for 8-bit state of a DTensor param: its per-block absmax (one per 256 elements of
+    the whole tensor) has no placement that follows the param's shards."""
+    if state_dtype == torch.uint8 and is_dtensor(p):
+        raise ValueError(f"{where} is a DTensor: state_dtype='8bit' does not support sharded params yet (its "
+                         "per-block absmax does not shard with the param); use state_dtype=torch.bfloat16, or "
+                         "state_dtype=None for this param's group")
+
+
+def sharded_dims(p: Tensor) -> list[int]:
+    """The mesh dimensions that shard DTensor ``p`` (none for a plain tensor or a replica)."""
+    if not is_dtensor(p):
+        return []
+    return [d for d, pl in enumerate(p.placements) if pl.is_shard()]
+
+
+def all_reduce_rows(sums: Tensor, params: list[Tensor]) -> None:
+    """``sums[t]`` (row t: local sums of squares over param t's local tensor) becomes the sums of
+    the whole tensor: for each mesh dimension, one all-reduce of the rows of the params it shards
+    (over that dimension's process group). Plain tensors and replicas keep their rows; a
+    dimension that only replicates a param is not summed (its copies are equal). With every param
+    sharded on one mesh dimension (FSDP2) that is one all-reduce of the whole buffer."""
+    import torch.distributed as dist  # (only a DTensor's step gets here: distributed is available)
+
+    by_group: dict[tuple, list[int]] = {}
+    for t, p in enumerate(params):
+        for d in sharded_dims(p):
+            by_group.setdefault((p.device_mesh, d), []).append(t)
+    for (mesh, d), rows in by_group.items():
+        group = mesh.get_group(d)
+        if len(rows) == sums.shape[0]:
+            dist.all_reduce(sums, group=group)
+            continue
+        index = torch.tensor(rows, device=sums.device)
+        part = sums.index_select(0, index)
+        dist.all_reduce(part, group=group)
+        sums.index_copy_(0, index, part)
+
+
+def run_layerwise(op, lists: tuple, params: list[Tensor], kwargs: dict) -> None:
+    """A layer-wise op over sharded params (``lists``: its tensor lists, of local tensors;
+    ``params``: the DTensor params, for their meshes): the local per-tensor sums (the op's
+    ``sums_only`` call, which writes nothing else), summed over the shards, then the update with
+    the sums of the whole tensors. A failed collective leaves params and state as they were."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("norm_sums", "sums_only")}
+    sums = torch.zeros(len(params), 2, dtype=torch.float64, device=lists[0][0].device)
+    op(*lists, **kwargs, norm_sums=sums, sums_only=True)
+    all_reduce_rows(sums, params)
+    op(*lists, **kwargs, norm_sums=sums)

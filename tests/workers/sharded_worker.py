@@ -1,0 +1,151 @@
+"""Subprocess side of tests/distributed/test_sharded.py: one gloo rank stepping DTensor params.
+
+    sharded_worker.py RANK WORLD OUT_DIR      (all ranks at once; they meet through OUT_DIR/store)
+
+Every registered optimizer steps the same params twice in each rank: as plain tensors (the whole
+tensors, the reference) and as DTensors sharded over a mesh of all ranks, with the same grads at
+every step (the grads are made whole and distributed like their params, so both runs see the same
+numbers). Saved to OUT_DIR/rank<r>.pt, for the test to judge:
+``{"runs": {case: {"implementation", "warnings", "params": [(sharded, whole) per param],
+"state": [(key, sharded, whole)]}}, "errors": {case: message}}`` (sharded tensors made whole
+with ``full_tensor()``; a case that raises is saved as its message).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+import fused_optim
+from fused_optim.process_group import end_process_group, init_process_group
+
+TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
+STEPS = 4
+# First dims that 2 and 4 ranks do not divide evenly (a rank may hold no row), a vector, a
+# matrix wide enough for Shard(1), and one larger than the kernels' one-thread work item.
+SHAPES = [(5, 3), (7,), (4, 8), (1, 6), (600, 3)]
+# Options that make each registered optimizer do all it does (momentum, the trust ratio).
+OPTIONS = {
+    "sgd": dict(momentum=0.9, weight_decay=1e-2), "fused_sgd": dict(momentum=0.9, nesterov=True),
+    "sign_sgd": dict(momentum=0.9), "lars": dict(momentum=0.9, weight_decay=1e-2),
+    "larc": dict(momentum=0.9, weight_decay=1e-2), "colossalai_lars": dict(momentum=0.9, weight_decay=1e-2),
+    "adam": dict(weight_decay=1e-2), "adamw": dict(amsgrad=True), "lamb": dict(weight_decay=1e-2),
+}
+
+
+def whole_tensors(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def run(name: str, kwargs: dict, place, shapes=SHAPES, dtype=torch.float32) -> dict:
+    """``name`` stepped STEPS times on whole params and on ``place(tensor)`` (DTensors)."""
+    init = [t.to(dtype) for t in whole_tensors(0, shapes)]
+    grads = [[t.to(dtype) for t in whole_tensors(1 + k, shapes)] for k in range(STEPS)]
+    whole = [torch.nn.Parameter(t.clone()) for t in init]
+    sharded = [torch.nn.Parameter(place(t.clone())) for t in init]
+    opt_whole = fused_optim.create_optimizer(name, whole, **kwargs)
+    opt_sharded = fused_optim.create_optimizer(name, sharded, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(STEPS):
+            for p, q, g in zip(whole, sharded, grads[k]):
+                p.grad = g.clone()
+                q.grad = place(g.clone())
+            opt_whole.step()
+            opt_sharded.step()
+    state = []
+    for p, q in zip(whole, sharded):
+        for key, value in opt_whole.state[p].items():
+            other = opt_sharded.state[q][key]
+            if isinstance(value, torch.Tensor):
+                state.append((key, other.full_tensor() if isinstance(other, DTensor) else other, value,
+                              isinstance(other, DTensor) and other.placements == q.placements))
+    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+            "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)], "state": state}
+
+
+def fsdp2_run(name: str, kwargs: dict, mesh) -> dict:
+    """A 2-layer MLP under ``fully_shard`` (FSDP2) against the same MLP whole, the same batch on
+    every rank (FSDP2 averages the ranks' grads: equal grads average to themselves exactly on 2 ranks)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    whole = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    sharded = copy.deepcopy(whole)
+    for layer in sharded:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    opt_whole = fused_optim.create_optimizer(name, whole.parameters(), **kwargs)
+    opt_sharded = fused_optim.create_optimizer(name, sharded.parameters(), **kwargs)
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(STEPS):
+            for model, opt in ((whole, opt_whole), (sharded, opt_sharded)):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+            "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole.parameters(), sharded.parameters())],
+            "state": []}
+
+
+def cases(world: int):
+    """(case id, thunk) of every run of this world size."""
+    mesh = init_device_mesh("cpu", (world,))
+    shard0 = lambda t: distribute_tensor(t, mesh, [Shard(0)])  # noqa: E731 (FSDP2's placement)
+    for name in fused_optim.list_optimizers():
+        if name != "sparsified_sgd":
+            yield f"{name}/Shard(0)", lambda name=name: run(name, dict(lr=1e-2, **OPTIONS.get(name, {})), shard0)
+    shard1 = lambda t: distribute_tensor(t, mesh, [Shard(t.dim() - 1)])  # noqa: E731 (tensor parallel)
+    replicate = lambda t: distribute_tensor(t, mesh, [Replicate()])  # noqa: E731
+    for name in ("adam", "lars", "fused_lamb", "colossalai_lamb"):
+        kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
+        yield f"{name}/Shard(-1)", lambda name=name, kwargs=kwargs: run(name, kwargs, shard1)
+        yield f"{name}/Replicate", lambda name=name, kwargs=kwargs: run(name, kwargs, replicate)
+    yield "fused_adam/master_weights", lambda: run("fused_adam", dict(lr=1e-2, master_weights=True), shard0,
+                                                   dtype=torch.bfloat16)
+    yield "fused_adam/state_bf16", lambda: run("fused_adam", dict(lr=1e-2, state_dtype=torch.bfloat16), shard0)
+    yield "lars/state_bf16", lambda: run("lars", dict(lr=1e-2, momentum=0.9, weight_decay=1e-2,
+                                                      state_dtype=torch.bfloat16), shard0)
+    yield "fused_adam/state_8bit", lambda: run("fused_adam", dict(lr=1e-2, state_dtype="8bit"), shard0)
+    yield "sparsified_sgd/Shard(0)", lambda: run("sparsified_sgd", dict(lr=1e-2), shard0)
+    if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
+        mesh2 = init_device_mesh("cpu", (2, 2))
+        hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
+        both = lambda t: distribute_tensor(t, mesh2, [Shard(0), Shard(t.dim() - 1)])  # noqa: E731
+        for name in ("adam", "lars", "fused_lamb"):
+            kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
+            yield f"{name}/2d-Replicate-Shard(0)", lambda name=name, kwargs=kwargs: run(name, kwargs, hsdp)
+            yield f"{name}/2d-Shard(0)-Shard(-1)", lambda name=name, kwargs=kwargs: run(name, kwargs, both)
+    if world == 2:
+        for name in ("fused_adam", "fused_sgd", "lars", "fused_lamb"):
+            kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
+            yield f"{name}/fully_shard", lambda name=name, kwargs=kwargs: fsdp2_run(name, kwargs, mesh)
+
+
+def main(rank: int, world: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
+    result = {"runs": {}, "errors": {}}
+    for case, thunk in cases(world):
+        try:
+            result["runs"][case] = thunk()
+        except Exception as exc:  # noqa: BLE001 (saved for the test, which says what was expected)
+            result["errors"][case] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
