@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from . import _ops
+from . import _ops, sharding
 
 
 @dataclass
@@ -71,8 +71,8 @@ class Layers:
         self._spans: dict[torch.device, tuple[list[int], list[int]]] = {}  # sorted disjoint [start, end)
 
     def of(self, p: Tensor) -> int:
-        """The layer of the next param ``p``."""
-        span = _extent(p)
+        """The layer of the next param ``p`` (a DTensor's: of its local tensor)."""
+        span = _extent(sharding.local(p))
         if span is None:
             return self.layer
         start, end = span
