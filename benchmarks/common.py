@@ -160,17 +160,21 @@ def time_calls(fn: Callable[[], None], inner: int) -> float:
     return (time.perf_counter() - start) / inner
 
 
-def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, min_sample_s: float) -> dict[str, float]:
+def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, min_sample_s: float,
+                        agree: Callable[[dict[str, int]], dict[str, int]] | None = None) -> dict[str, float]:
     """Median seconds per call of each stepper: one warm-up call each (state allocation, the JIT
     build), then ``repeats`` rounds that time every stepper in turn (interleaved: drifts in the
     machine's speed hit all alike). Each sample is roughly ``min_sample_s`` long, its call count
     sized from the fastest of 3 calls: the first call after another stepper finds its data evicted
     from the cache and can take several times a step, which made samples of a dozen steps where a
-    hundred were meant. Each sample still starts with such a step."""
+    hundred were meant. Each sample still starts with such a step. ``agree`` (processes timing
+    steps that meet in collectives) makes the call counts the same in every process."""
     for f in steppers.values():
         f()
     inner = {k: max(1, int(min_sample_s / max(min(time_calls(f, 1) for _ in range(3)), 1e-6)))
              for k, f in steppers.items()}
+    if agree is not None:
+        inner = agree(inner)
     samples: dict[str, list[float]] = {k: [] for k in steppers}
     for _ in range(repeats):
         for k, f in steppers.items():
