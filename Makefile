@@ -13,7 +13,7 @@ BENCH_ARGS ?=
 TEST_MINUTES := about 10
 FAST_MINUTES := about 3
 
-.PHONY: test test-fast demo bench install check-cuda-build check-gpu
+.PHONY: test test-fast demo bench install check-cuda-build check-gpu torch-optim-tests
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -81,3 +81,12 @@ CHECK_GPU_OUT ?= $(if $(OUT),$(OUT),gpu-check)
 CHECK_GPU_ARGS ?=
 check-gpu:
 	sh tools/check_gpu.sh "$(CHECK_GPU_OUT)" $(CHECK_GPU_ARGS)
+
+# `make torch-optim-tests TORCH_TEST_OPTIM=/path/to/pytorch/test/test_optim.py`: torch's own optimizer
+# tests (TestOptimRenewed, from torch's source tree of the installed version; not kept here) on our
+# SGD / Adam / AdamW, CPU only, the documented refusals expected to fail (tools/torch_optim_tests.py,
+# docs/design.md "Tests"); about 3 minutes on 2 cores.
+TORCH_TEST_OPTIM ?=
+torch-optim-tests: install
+	@test -f "$(TORCH_TEST_OPTIM)" || { echo "torch-optim-tests: set TORCH_TEST_OPTIM to torch's test/test_optim.py" >&2; exit 2; }
+	$(PY) tools/torch_optim_tests.py "$(TORCH_TEST_OPTIM)" -q -rfxX

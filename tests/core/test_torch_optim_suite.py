@@ -447,6 +447,60 @@ def test_a_step_without_grads_changes_nothing(name, cid, kwargs, fused):
     assert len(opt.state) == 0
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "reference"])
+@pytest.mark.parametrize("name, cid, kwargs", INPUTS, ids=INPUT_IDS)
+def test_steps_never_write_into_the_grads(name, cid, kwargs, fused):
+    """maximize negates g and weight decay adds λ·p to it: on copies, never in the user's grad
+    (its version counter would move)."""
+    params = [Parameter(torch.randn(4)), Parameter(torch.randn(2, 3))]
+    opt = OUR_INFOS[name].optim_cls(params, **_fresh(kwargs), fused=fused)
+    for p in params:
+        p.grad = torch.randn(p.shape)
+    grads = [(p.grad, p.grad.clone(), p.grad._version) for p in params]
+    for _ in range(3):
+        opt.step()
+    assert all(p.grad is g and g._version == v and torch.equal(g, copy_) for p, (g, copy_, v) in zip(params, grads))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_state_dicts_of_named_params_load_into_unnamed_and_torchs_and_back(name):
+    """torch.optim takes ``model.named_parameters()`` and keeps each group's ``param_names`` in
+    its state dict; ours too, and state dicts move between named and unnamed optimizers, ours and
+    torch's, both ways, continuing the same."""
+    ours_cls, torch_cls = OUR_INFOS[name].optim_cls, TORCH_INFOS[name].optim_cls
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    start = copy.deepcopy(model.state_dict())
+    x = torch.randn(4, 3)
+
+    def steps(opt, n):
+        for _ in range(n):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+
+    named = ours_cls(model.named_parameters(), lr=0.01, weight_decay=0.1)
+    steps(named, 2)
+    sd = named.state_dict()
+    assert sd["param_groups"][0]["param_names"] == [n for n, _ in model.named_parameters()]
+    # named ours -> unnamed torch -> named ours (the names come back from the first state dict)
+    unnamed_torch = torch_cls(model.parameters(), lr=0.01, weight_decay=0.1)
+    unnamed_torch.load_state_dict(_weights_only(sd))
+    steps(unnamed_torch, 1)
+    again = ours_cls(model.named_parameters(), lr=0.01, weight_decay=0.1)
+    again.load_state_dict(_weights_only(unnamed_torch.state_dict()))
+    assert again.state_dict()["param_groups"][0]["param_names"] == sd["param_groups"][0]["param_names"]
+    steps(again, 1)
+    after_relay = copy.deepcopy(model.state_dict())
+
+    model.load_state_dict(start)
+    straight = ours_cls(model.named_parameters(), lr=0.01, weight_decay=0.1)
+    steps(straight, 4)
+    rtol = _rtol(torch.float32, steps=4)
+    assert_pairs_close(list(after_relay), [after_relay[k] for k in after_relay],
+                       [model.state_dict()[k] for k in after_relay], rtol)
+
+
 @pytest.mark.parametrize("name, cid, kwargs", SMALL, ids=[x[1] for x in SMALL])
 def test_a_param_group_added_later_matches_torch(name, cid, kwargs):
     ours_cls, torch_cls = OUR_INFOS[name].optim_cls, TORCH_INFOS[name].optim_cls
