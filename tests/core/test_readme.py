@@ -1,6 +1,7 @@
 """The README is for users: at most 200 lines (the rest lives in docs/), every file it links to
 is in the repo, and every code block works as written."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -58,6 +59,16 @@ def test_the_shell_blocks_name_what_exists():
         for word in words:
             if word.startswith("configs/"):
                 assert (ROOT / word).is_file(), word
+
+
+def test_the_registry_names_are_generated_from_the_registry():
+    """tools/readme_names.py writes the paragraph from the registry; the README holds what it writes
+    (run ``python tools/readme_names.py`` after adding a name)."""
+    spec = importlib.util.spec_from_file_location("readme_names", ROOT / "tools" / "readme_names.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.rewritten(README) == README, "README.md: run python tools/readme_names.py"
+    assert tool.rewritten(README.replace("`lars`, ", "")) == README  # it restores a name left out
 
 
 def test_the_registry_names_are_the_registrys():
