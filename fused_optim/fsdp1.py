@@ -44,7 +44,7 @@ def check_whole_tensors(params: Iterable[Tensor], gi: int, optimizer: str, rule:
     ``optimizer`` computes ``rule`` from each whole tensor and what to use ``instead``."""
     for i, p in enumerate(params):
         if is_fsdp1_param(p):
-            kind = "a FlatParameter" if getattr(p, _FLAT_PARAM, False) else "a param flattened"
+            kind = "a FlatParameter made" if getattr(p, _FLAT_PARAM, False) else "a param flattened"
             raise ValueError(
                 f"{optimizer}: param {i} of group {gi} is {kind} by FSDP1 (FullyShardedDataParallel), which "
                 f"shards flattened params: this rank holds a slice of their elements, not whole tensors, and "

@@ -53,7 +53,7 @@ def test_whole_tensor_rules_refuse_fsdp1_params_at_construction(ranks):
         assert {case.split("/")[0] for case in result["refused"]} == _whole_tensor_rules()
         for case, message in result["refused"].items():
             name = case.split("/")[0]
-            kind = "a param flattened" if case.endswith("True") else "a FlatParameter"
+            kind = "a param flattened" if case.endswith("True") else "a FlatParameter made"
             assert f"param 0 of group 0 is {kind} by FSDP1" in message, f"rank {r}, {case}: {message}"
             assert "another algorithm" in message
             remedy = "DDP" if name == "sparsified_sgd" else "FSDP2 (torch.distributed.fsdp.fully_shard)"
