@@ -9,8 +9,8 @@ in this rank's slice (empty, and without a grad, when none does). Either way a p
 elements of tensors, not whole tensors. An elementwise update of those elements is the update of
 the whole model's, so elementwise optimizers step them through the kernels exactly (a
 FlatParameter is a plain ``nn.Parameter`` to them). An optimizer whose rule reads each whole
-tensor (a layer-wise trust ratio from its norms, the largest entries of each tensor) would read a
-slice and silently be another algorithm: it refuses FSDP1's params when it is made
+tensor (a layer-wise trust ratio from its norms, SparsifiedSGD's coordinates per tensor) would
+read a slice and silently be another algorithm: it refuses FSDP1's params when it is made
 (:func:`check_whole_tensors`).
 
 The marks, checked on torch 2.13 (tests/distributed/test_fsdp1.py fails if torch drops them):
@@ -40,14 +40,13 @@ def is_fsdp1_param(p: Tensor) -> bool:
 
 
 def check_whole_tensors(params: Iterable[Tensor], gi: int, optimizer: str, rule: str, instead: str) -> None:
-    """Raises ``ValueError`` for the first FSDP1 param of group ``gi``'s ``params``, saying that
-    ``optimizer`` computes ``rule`` from each whole tensor and what to use ``instead``."""
+    """Raises ``ValueError`` for the first FSDP1 param of group ``gi``'s ``params``, saying what
+    ``optimizer`` does with each whole tensor (``rule``, a verb phrase) and what to use ``instead``."""
     for i, p in enumerate(params):
         if is_fsdp1_param(p):
             kind = "a FlatParameter made" if getattr(p, _FLAT_PARAM, False) else "a param flattened"
             raise ValueError(
                 f"{optimizer}: param {i} of group {gi} is {kind} by FSDP1 (FullyShardedDataParallel), which "
                 f"shards flattened params: this rank holds a slice of their elements, not whole tensors, and "
-                f"{optimizer} computes {rule} of each whole tensor, which from a slice would be another "
-                f"algorithm; {instead}"
+                f"{optimizer} {rule}, which on a slice would be another algorithm; {instead}"
             )

@@ -16,7 +16,7 @@ from .optimizer import FusedOptimizer
 class _LambBase(FusedOptimizer):
     """Adam's state (``step``, ``exp_avg``, ``exp_avg_sq``) and hyperparameter checks."""
 
-    whole_tensor_rule = ("a trust ratio from the norms", fsdp1.INSTEAD)
+    whole_tensor_rule = ("computes a trust ratio from the norms of each whole tensor", fsdp1.INSTEAD)
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])
@@ -55,6 +55,8 @@ class FusedLAMB(_LambBase):
     ``use_nvlamb``; ``trust_clip`` is timm's option). ‖p‖ is taken before the update. Norms and
     trust ratios are computed inside the kernels: no host sync per tensor. Unlike the references
     the grads are never modified. Step counters are per param (torch.optim's ``step`` state).
+    Built by ``ZeroRedundancyOptimizer`` over one rank's partition of the params, G sums the
+    squares of every rank's partition (one all-reduce over ZeRO's process group per step).
     The CPU kernel hands fp32/fp64 ``u`` from its moment pass to its update pass in scratch buffers
     that live as long as their threads: up to 4M elements (16 MB in fp32) on the calling thread,
     up to 256K (1 MB) on each worker thread.

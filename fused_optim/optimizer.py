@@ -83,8 +83,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     extra_flags: ClassVar[tuple[str, ...]] = ()
     _flags: ClassVar[tuple[str, ...]] = ()
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
-    # (what the update computes from each whole tensor, what to use instead where params are
-    # slices of tensors) for a rule that is not elementwise; FSDP1's params are refused with it.
+    # (what the update does with each whole tensor, what to use instead where params are slices
+    # of tensors) for a rule that is not elementwise; FSDP1's params are refused with it.
     whole_tensor_rule: ClassVar[tuple[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:

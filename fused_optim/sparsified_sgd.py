@@ -55,7 +55,7 @@ class SparsifiedSGD(FusedOptimizer):
     """
 
     op_name = "sparsified_sgd_"
-    whole_tensor_rule = ("the sparse_grad_size largest entries",
+    whole_tensor_rule = ("sends sparse_grad_size coordinates (a random subset or block) of each whole tensor per step",
                          "train with replicated params (DDP), or step FSDP1's params with an elementwise optimizer")
     extra_flags = ("random_sparse",)
 

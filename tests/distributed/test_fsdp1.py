@@ -28,7 +28,7 @@ def _whole_tensor_rules() -> set[str]:
 
 
 def test_the_optimizers_that_read_whole_tensors():
-    """The rules that a slice of a tensor would change: trust ratios from norms, top-k entries."""
+    """The rules that a slice of a tensor would change: trust ratios from norms, coordinates per tensor."""
     assert _whole_tensor_rules() == {"colossalai_lamb", "colossalai_lars", "fused_lamb", "lamb", "larc", "lars",
                                      "nvlamb", "sparsified_sgd"}
 

@@ -27,7 +27,7 @@ import fused_optim
 from fused_optim.process_group import end_process_group, init_process_group
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/workers: sharded_worker
-from sharded_worker import OPTIONS, SHAPES, whole_tensors  # noqa: E402
+from sharded_worker import OPTIONS, whole_tensors  # noqa: E402
 
 TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
 STEPS = 4
