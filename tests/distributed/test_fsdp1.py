@@ -72,3 +72,15 @@ def test_fsdp1_marks_its_params_as_fused_optim_fsdp1_reads_them(ranks):
                 assert type_name == "Parameter", f"rank {r}: FSDP1 param is a {type_name}"
                 assert flattened and detected, f"rank {r}: use_orig_params={use_orig_params}: unmarked param"
                 assert flat == (not use_orig_params), f"rank {r}: use_orig_params={use_orig_params}: _is_flat_param"
+
+
+def test_a_refused_group_leaves_the_optimizer_as_it_was():
+    """A group added later is checked too; refused, it is not added (FSDP1's mark, set here by
+    hand: the marks test above checks that FSDP1 sets it)."""
+    opt = fused_optim.LARS([torch.nn.Parameter(torch.ones(3))], lr=0.1)
+    flattened = torch.nn.Parameter(torch.ones(4))
+    flattened._fsdp_flattened = True
+    with pytest.raises(ValueError, match="LARS: param 0 of group 1 is a param flattened by FSDP1"):
+        opt.add_param_group({"params": [flattened]})
+    assert len(opt.param_groups) == 1
+    fused_optim.FusedAdam([flattened], lr=0.1).add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
