@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .adam import check_moments, decoupled_flag, init_moments
-from . import sharding
+from . import fsdp1, sharding, zero_partition
 from .norm import sum_squares_, whole_tensor_sums
 from .checks import as_betas, check_betas, check_flag, check_lr, check_nonnegative, check_range, is_real
 from .fallback import in_group_terms
@@ -15,6 +15,8 @@ from .optimizer import FusedOptimizer
 
 class _LambBase(FusedOptimizer):
     """Adam's state (``step``, ``exp_avg``, ``exp_avg_sq``) and hyperparameter checks."""
+
+    whole_tensor_rule = ("computes a trust ratio from the norms of each whole tensor", fsdp1.INSTEAD)
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])
@@ -53,6 +55,8 @@ class FusedLAMB(_LambBase):
     ``use_nvlamb``; ``trust_clip`` is timm's option). ‖p‖ is taken before the update. Norms and
     trust ratios are computed inside the kernels: no host sync per tensor. Unlike the references
     the grads are never modified. Step counters are per param (torch.optim's ``step`` state).
+    Built by ``ZeroRedundancyOptimizer`` over one rank's partition of the params, G sums the
+    squares of every rank's partition (one all-reduce over ZeRO's process group per step).
     The CPU kernel hands fp32/fp64 ``u`` from its moment pass to its update pass in scratch buffers
     that live as long as their threads: up to 4M elements (16 MB in fp32) on the calling thread,
     up to 256K (1 MB) on each worker thread.
@@ -92,9 +96,14 @@ class FusedLAMB(_LambBase):
                         adam_w_mode=decoupled_flag(decoupled_weight_decay, adam_w_mode), grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, use_nvlamb=use_nvlamb or always_adapt, trust_clip=trust_clip)
         self._grad_norm = None
+        self._partition_group = zero_partition.partition_group()  # ZeRO's: the grad norm sums over it
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights,
                          state_dtype=state_dtype, state_rounding=state_rounding,
                          stochastic_rounding=stochastic_rounding)
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.__dict__.setdefault("_partition_group", None)  # unpickled or copied: no partition's optimizer
 
     def _validate(self, group: dict) -> None:
         super()._validate(group)
@@ -106,9 +115,12 @@ class FusedLAMB(_LambBase):
         """The global grad norm over every group (before unscaling: the kernel divides by the
         scale), passed to the kernels as a tensor. With one group it waits: the group's direct
         call holds every grad and takes their norm itself, in its own parallel region; the general
-        path, which may split the grads over several calls, gets it from ``_step_direct``."""
+        path, which may split the grads over several calls, gets it from ``_step_direct``. Made by
+        ``ZeroRedundancyOptimizer``, it holds one partition of the params: the norm is summed
+        over the partitions (every rank's optimizer steps, so every rank takes part)."""
         self._grad_norm = None
-        if len(self.param_groups) > 1 and any(group["max_grad_norm"] for group in self.param_groups):
+        several = len(self.param_groups) > 1 or self._partition_group is not None
+        if several and any(group["max_grad_norm"] for group in self.param_groups):
             self._grad_norm = self._global_grad_norm()
 
     def _global_grad_norm(self):
@@ -117,14 +129,18 @@ class FusedLAMB(_LambBase):
         grads = [self.param_groups[gi]["params"][i].grad for gi, i in where]
         fused = False if self.fused is False else None
         if any(sharding.is_dtensor(g) for g in grads):  # shards: the norm of the whole grads
-            return whole_tensor_sums(grads, fused=fused).sum().sqrt()
-        # In float64, summed as the kernel sums the grads of a direct call: the same norm either way.
-        sums = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
-        try:
-            sum_squares_(sums, grads, [0] * len(grads), fused=fused)
-            return sums.sqrt()
-        except RuntimeError as exc:
-            raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc
+            sums = whole_tensor_sums(grads, fused=fused).sum()
+        else:  # in float64, summed as the kernel sums the grads of a direct call: the same norm either way
+            sums = torch.zeros(1, dtype=torch.float64, device=grads[0].device if grads else None)
+            try:
+                sum_squares_(sums, grads, [0] * len(grads), fused=fused)
+            except RuntimeError as exc:
+                raise RuntimeError(f"{type(self).__name__}: {in_group_terms(str(exc), where)}") from exc
+        if self._partition_group is not None:  # ZeRO's partition: the other ranks hold the other grads
+            import torch.distributed as dist  # (a partition exists: distributed is available)
+
+            dist.all_reduce(sums, group=self._partition_group)
+        return sums.sqrt()
 
     def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
         """The base's direct call; when it does not happen and the (one) group clips, the general

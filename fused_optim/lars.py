@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from . import fsdp1
 from .checks import check_nonnegative
 from .sgd import MomentumOptimizer
 
@@ -42,6 +43,7 @@ class LARS(MomentumOptimizer):
     """
 
     op_name = "lars_"
+    whole_tensor_rule = ("computes a trust ratio from the norms of each whole tensor", fsdp1.INSTEAD)
 
     def __init__(self, params, lr: float | None = None, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, trust_coefficient: float = 0.001,
@@ -89,6 +91,7 @@ class ColossalLars(MomentumOptimizer):
     """
 
     op_name = "colossal_lars_"
+    whole_tensor_rule = ("computes a trust ratio from the norms of each whole tensor", fsdp1.INSTEAD)
     extra_flags = ("lars",)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, eeta: float = 1e-3,

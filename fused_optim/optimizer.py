@@ -48,7 +48,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor
 
-from . import _ops, param_state, sharding, state_formats
+from . import _ops, fsdp1, param_state, sharding, state_formats
 from .checks import check_flag, check_lr, is_real, lr_missing
 from .fallback import FallbackPolicy, in_group_terms
 from .spec import OpSpec
@@ -83,6 +83,9 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     extra_flags: ClassVar[tuple[str, ...]] = ()
     _flags: ClassVar[tuple[str, ...]] = ()
     _step_supports_amp_scaling = True  # GradScaler hands us grad_scale / found_inf
+    # (what the update does with each whole tensor, what to use instead where params are slices
+    # of tensors) for a rule that is not elementwise; FSDP1's params are refused with it.
+    whole_tensor_rule: ClassVar[tuple[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         """A class naming its op gets the op's scalar sources and reference from its spec, once."""
@@ -161,6 +164,13 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
                 f"{type(self).__name__} does not support complex parameters (got {complex_params[0].dtype}); "
                 "optimize torch.view_as_real(param) or use torch.optim"
             )
+        if self.whole_tensor_rule is not None:
+            try:
+                fsdp1.check_whole_tensors(self.param_groups[-1]["params"], len(self.param_groups) - 1,
+                                          type(self).__name__, *self.whole_tensor_rule)
+            except ValueError:
+                self.param_groups.pop()
+                raise
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "fused": self.fused, "set_grad_none": self.set_grad_none}

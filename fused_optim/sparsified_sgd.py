@@ -55,6 +55,8 @@ class SparsifiedSGD(FusedOptimizer):
     """
 
     op_name = "sparsified_sgd_"
+    whole_tensor_rule = ("sends sparse_grad_size coordinates (a random subset or block) of each whole tensor per step",
+                         "train with replicated params (DDP), or step FSDP1's params with an elementwise optimizer")
     extra_flags = ("random_sparse",)
 
     def __init__(self, params, lr: float | None = None, weight_decay: float = 0.0, sparse_grad_size: int = 10,

@@ -15,22 +15,32 @@ TIMEOUT_S = 600  # far above a loaded run: a hang fails instead of blocking the 
 def run_ranks(script: Path, args_of_rank, ranks: int, log_dir: Path, env: dict | None = None) -> None:
     """``python script *args_of_rank(r)`` for r in range(ranks), all at once, with
     OMP_NUM_THREADS=1; raises with the rank's log tail when one fails or hangs."""
+    for r, (returncode, log) in enumerate(ranks_ended(script, args_of_rank, ranks, log_dir, env)):
+        assert returncode == 0, f"rank {r} of {ranks} failed:\n{log[-3000:]}"
+
+
+def ranks_ended(script: Path, args_of_rank, ranks: int, log_dir: Path, env: dict | None = None,
+                timeout_s: float = TIMEOUT_S) -> list[tuple[int, str]]:
+    """(exit status, output) of each rank of :func:`run_ranks`' launch, once all have ended;
+    raises when one is still running after ``timeout_s`` (a hang: it is killed)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     logs = [open(log_dir / f"rank{r}.log", "w+") for r in range(ranks)]
     procs = [subprocess.Popen([sys.executable, str(script), *map(str, args_of_rank(r))], env=env, stdout=logs[r],
                               stderr=subprocess.STDOUT) for r in range(ranks)]
     try:
         for proc in procs:
-            proc.wait(timeout=TIMEOUT_S)
+            proc.wait(timeout=timeout_s)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for r, (proc, log) in enumerate(zip(procs, logs)):
+    ended = []
+    for proc, log in zip(procs, logs):
         log.seek(0)
-        assert proc.returncode == 0, f"rank {r} of {ranks} failed:\n{log.read()[-3000:]}"
+        ended.append((proc.returncode, log.read()))
         log.close()
+    return ended
 
 
 def torchrun(target: list[str], module_dir: Path) -> None:

@@ -1,0 +1,94 @@
+"""Subprocess side of tests/distributed/test_fsdp1.py: one gloo rank training a small MLP under
+FSDP1 (``FullyShardedDataParallel``) with each registered optimizer, next to the same MLP whole.
+
+    fsdp1_worker.py RANK WORLD OUT_DIR      (all ranks at once; they meet through OUT_DIR/store)
+
+Every rank trains on the same batch, so FSDP1's gradient reduction (the ranks' grads averaged:
+halved and summed on 2 ranks, exact) hands each rank the slice of the whole model's grads.
+Saved to OUT_DIR/rank<r>.pt: ``{"runs": {case: {"implementation", "warnings", "params":
+[(fsdp1, whole) per original param]}}, "refused": {case: message}, "marks": {use_orig_params:
+[(type name, _is_flat_param, _fsdp_flattened, is_fsdp1_param) per param the optimizer gets]}}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+import fused_optim
+from fused_optim import fsdp1
+from fused_optim.process_group import end_process_group, init_process_group
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/workers: sharded_worker
+from sharded_worker import OPTIONS  # noqa: E402 (each optimizer's options that do all it does)
+
+TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
+STEPS = 3
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+
+
+def wrapped(model: torch.nn.Module, use_orig_params: bool) -> FSDP:
+    """Each Linear a FSDP1 unit of its own (a FlatParameter each, 1-D, padded to the world size)
+    inside the root's."""
+    for i, layer in enumerate(model):
+        if isinstance(layer, torch.nn.Linear):
+            model[i] = FSDP(layer, use_orig_params=use_orig_params, device_id=torch.device("cpu"))
+    return FSDP(model, use_orig_params=use_orig_params, device_id=torch.device("cpu"))
+
+
+def run(name: str, kwargs: dict, use_orig_params: bool) -> dict:
+    whole = mlp()
+    sharded = wrapped(copy.deepcopy(whole), use_orig_params)
+    opt_whole = fused_optim.create_optimizer(name, whole.parameters(), **kwargs)
+    opt_sharded = fused_optim.create_optimizer(name, sharded.parameters(), **kwargs)
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(STEPS):
+            for model, opt in ((whole, opt_whole), (sharded, opt_sharded)):
+                opt.zero_grad()
+                model(x).square().mean().backward()
+                opt.step()
+    with FSDP.summon_full_params(sharded):
+        params = [(q.detach().clone(), p.detach()) for q, p in zip(sharded.module.parameters(), whole.parameters())]
+    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+            "params": params}
+
+
+def marks(use_orig_params: bool) -> list[tuple]:
+    return [(type(p).__name__, getattr(p, "_is_flat_param", False), getattr(p, "_fsdp_flattened", False),
+             fsdp1.is_fsdp1_param(p)) for p in wrapped(mlp(), use_orig_params).parameters()]
+
+
+def main(rank: int, world: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
+    result = {"runs": {}, "refused": {}, "marks": {}}
+    for use_orig_params in (True, False):
+        result["marks"][use_orig_params] = marks(use_orig_params)
+        for name in fused_optim.list_optimizers():
+            case, kwargs = f"{name}/use_orig_params={use_orig_params}", dict(lr=1e-2, **OPTIONS.get(name, {}))
+            if fused_optim.registry.get_spec(name).cls.whole_tensor_rule is None:
+                result["runs"][case] = run(name, kwargs, use_orig_params)
+                continue
+            try:
+                fused_optim.create_optimizer(name, wrapped(mlp(), use_orig_params).parameters(), **kwargs)
+            except ValueError as exc:
+                result["refused"][case] = str(exc)
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
