@@ -534,6 +534,14 @@ class AdaScale(GradientStatistics):
       The local sums live on the params' device, so NCCL can all-reduce them.
     * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
       including a window in progress, the scale, smoothing, accumulation count and τ.
+    * DTensor params (tensor parallelism: the ranks of the params' mesh hold one model replica)
+      are measured as their whole tensors: the hooks and the ``.grad`` sums take the local
+      tensors, and at the window's end the shards' sums are added over the mesh dimensions that
+      shard them, in one all-reduce per mesh dimension (:mod:`.gradient_stats_rows`). N is 1
+      there (the micro-batches come from accumulation). FSDP2 (``fully_shard``) is refused at the
+      first ``step()``: it reduce-scatters each backward's grads inside the backward pass and
+      sets ``.grad`` to their average over the ranks, so no hook sees a rank's micro-batch
+      gradient and the variance cannot be estimated; data parallelism is measured under DDP.
     * No ``__del__``: the hooks go only with :meth:`unhook` (Lightning discards optimizer
       wrappers, and a ``__del__`` there would remove the live hooks).
 
@@ -541,7 +549,7 @@ class AdaScale(GradientStatistics):
 
     Args:
         optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
-        world_size: N (default: the process group's size, or 1).
+        world_size: N (default: the process group's size, or 1; 1 for DTensor params).
         scale: S (default N·c).
         smoothing: β (default max(1 − N·c/1000, 0)).
         num_gradients_to_accumulate: c, backward passes per step.
