@@ -115,7 +115,7 @@ class GradientStatistics(torch.optim.Optimizer):
             self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
         else:
             self._hooks = [p.register_hook(functools.partial(self._on_grad, row)) for row, p in plain]
-        self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, p))
+        self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
                         for i, row, p in hooked if sharding.is_dtensor(p)]
 
     def unhook(self) -> None:
@@ -140,10 +140,11 @@ class GradientStatistics(torch.optim.Optimizer):
             if int(self._counts[PASSES]) == int(self._counts[WINDOW_PASSES]):
                 _queue_window_end(self._counts)
 
-    def _on_sharded_grad(self, i: int, row: int, param: Tensor, grad: Tensor) -> None:
-        """The hook of DTensor param ``i``: :meth:`_on_grad` of its grad's local tensor (the sum of
-        the whole tensor is taken at the window's end, see :class:`.SumRows`)."""
-        check_grad(i, param, grad)
+    def _on_sharded_grad(self, i: int, row: int, param: weakref.ref, grad: Tensor) -> None:
+        """The hook of DTensor param ``i`` (held weakly, as the C++ hooks hold theirs):
+        :meth:`_on_grad` of its grad's local tensor (the sum of the whole tensor is taken at the
+        window's end, see :class:`.SumRows`)."""
+        check_grad(i, param(), grad)
         with torch.no_grad():
             self._on_grad(row, grad.to_local())
 
