@@ -450,9 +450,17 @@ class GradientStatistics(torch.optim.Optimizer):
             self._reset_window()
             return
         saved = dict(state_dict.pop(self._state_key))
+        local = saved.pop("local")
+        if local.shape != self._local.shape and len(state_dict["param_groups"]) == len(self.param_groups):
+            if local.any():
+                raise ValueError(f"{self._name}.load_state_dict: the state was saved inside an accumulation window "
+                                 f"with {local.numel()} rows of sums, and this optimizer has {self._local.numel()} "
+                                 "(its params are sharded differently, see fused_optim.gradient_stats_rows); save "
+                                 "after step() to resume with params sharded otherwise")
+            local = torch.zeros_like(self._local)  # (a window boundary: no sums to carry)
         self._optimizer.load_state_dict(state_dict)  # first: torch checks the state before it loads
         self._load_extra(saved)
-        self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
+        self._local.copy_(local)  # in place: the hooks hold these tensors
         self._counts[PASSES] = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))

@@ -141,3 +141,12 @@ def test_fsdp2_and_several_replicas_are_refused_with_the_reason(ranks):
         for message in refusals.values():
             assert "FSDP2 (fully_shard) is not supported" in message
             assert "use DDP (DistributedDataParallel) with plain params" in message
+
+
+@pytest.mark.slow
+def test_a_sharded_runs_state_resumes_whole_at_a_step_boundary_only(ranks):
+    for result in ranks:
+        assert result["resumed"]["gain"] == result["resumed"]["saved_gain"] > 1.0
+        assert result["resumed_mid_window"].startswith("AdaScale.load_state_dict: the state was saved inside an "
+                                                       "accumulation window with 4 rows of sums, and this optimizer "
+                                                       "has 2")

@@ -128,6 +128,25 @@ def fsdp2_step(mesh) -> None:
     opt.step()
 
 
+def resume_unsharded(mesh, mid_window: bool) -> dict:
+    """AdaScale's state saved by the sharded params (inside a window, or at its end) loaded by an
+    AdaScale over the same params whole: the averages carry over; a window's partial sums do not."""
+    sharded = [torch.nn.Parameter(place(torch.ones(shape, dtype=torch.float64), placement, mesh))
+               for shape, placement, _ in PARAMS]
+    opt = make(fused_optim.AdaScale, sharded)
+    for step in range(2):
+        for micro in range(ACCUM if step == 0 or not mid_window else 1):
+            loss(sharded, data(step, micro), mesh, True).backward()
+        if step == 0 or not mid_window:
+            opt.step()
+            opt.zero_grad()
+    state = opt.state_dict()
+    whole = [torch.nn.Parameter(torch.ones(shape, dtype=torch.float64)) for shape, _, _ in PARAMS]
+    other = make(fused_optim.AdaScale, whole)
+    other.load_state_dict(state)
+    return {"gain": other.gain(), "saved_gain": opt.gain()}
+
+
 def refusals(mesh):
     """(case, thunk) of each use the statistics refuse; the thunk should raise."""
     yield "fsdp2", lambda: fsdp2_step(mesh)
@@ -143,6 +162,12 @@ def main(rank: int, world: int, out_dir: str) -> None:
     result = {"runs": {"adascale": run(fused_optim.AdaScale, mesh),
                        "noise_scale": run(fused_optim.NoiseScale, mesh, micro_batch_size=4)},
               "refusals": {}}
+    result["resumed"] = resume_unsharded(mesh, mid_window=False)
+    try:
+        resume_unsharded(mesh, mid_window=True)
+        result["resumed_mid_window"] = None
+    except ValueError as exc:
+        result["resumed_mid_window"] = str(exc)
     for case, thunk in refusals(mesh):
         try:
             thunk()
