@@ -7,10 +7,11 @@ runs rank 1).
 Tolerance: float64. The tensor-parallel forward and backward add the layers' 8- and 16-term dot
 products in another order (two halves and an all-reduce), so each gradient element differs by
 ~17 ulps of its terms; the sums of squares then differ by ~1e-15 relative, the estimates var =
-a·L − b·T and |G|² = T − var/S by that times their cancellation (b_simple ≈ 160 here: the
-|G|² estimate is ~1/100 of T, a factor ~1e2), and 6 updates of SGD carry it into the params:
-~1e-13 relative at most (of each tensor's largest element, for the params). 1e-10 leaves a margin of 1000 and is 8 orders below what a
-shard's norm in place of the tensor's makes (the statistics of half the elements: tens of percent).
+a·L − b·T and |G|² = T − var/S by that times their cancellation (|G|² is ~1/100 of T where
+b_simple ≈ 160: a factor ~1e2), and 6 updates of SGD carry it into the params: ~1e-13 relative
+at most (of each tensor's largest element, for the params). 1e-10 leaves a margin of 1000 and is
+8 orders below what a shard's norm in place of the tensor's makes (tens of percent). A first
+window whose |G|² estimate is not positive gives B_simple = inf in both runs.
 """
 
 from __future__ import annotations
