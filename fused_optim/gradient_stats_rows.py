@@ -49,7 +49,8 @@ def _shard_key(p: Tensor) -> tuple | None:
 
 class SumRows:
     """The rows of the sums for ``param_groups`` (see the module docstring): ``rows[i]`` is the row
-    of ``params[i]``; ``len(self)`` rows, ``classes`` per group."""
+    of ``params[i]``; ``len(self)`` rows, ``classes`` per group; ``sharded``: the indices of the
+    DTensor params."""
 
     def __init__(self, param_groups: list[dict]):
         pairs = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"]]
@@ -74,10 +75,10 @@ class SumRows:
     def add_grad_sums(self, total: Tensor) -> None:
         """``total[row] += ‖p.grad‖²`` over each param's local grad (the C++ kernel reads plain
         params' ``.grad``; a DTensor's grad is passed as its local tensor)."""
-        plain = [i for i, p in enumerate(self.params) if not sharding.is_dtensor(p)]
         if not self.sharded:
             grad_sum_squares_(total, self.params, self.rows)
             return
+        plain = [i for i, p in enumerate(self.params) if not sharding.is_dtensor(p)]
         grad_sum_squares_(total, [self.params[i] for i in plain], [self.rows[i] for i in plain])
         with_grad = [i for i in self.sharded if self.params[i].grad is not None]
         for i in with_grad:
