@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from . import _build, _ops
+from . import _build, _ops, sharding
 from . import gradient_stats_math as stats
 from .checks import positive_int
 from .gradient_stats_math import Window
-from .norm import grad_sum_squares_, sum_squares_
+from .gradient_stats_rows import SHARDED_PARAMS, SumRows, check_grad, refuse_unseen_grads
+from .norm import sum_squares_
 from .optimizer import run_closure
 
 # The window counters the gradient hooks share with Python: one int64 CPU tensor
@@ -48,7 +49,8 @@ class GradientStatistics(torch.optim.Optimizer):
     any optimizer, takes per-micro-batch and pooled gradient norms each accumulation window and
     keeps their EWMAs; :meth:`step` steps the wrapped optimizer (subclasses change how).
 
-    The window machinery (hooks, short windows, DDP, AMP, state) is described in :class:`AdaScale`;
+    The window machinery (hooks, short windows, DDP, AMP, state, DTensor params) is described in
+    :class:`AdaScale`;
     besides AdaScale's averages (``grad_var_avg``, ``grad_sqr_avg``, in units of the scale S), every
     window also updates, with the same β, the unbiased micro-batch-unit estimates (McCandlish et
     al. 2018, App. A; c' the window's backward passes, B = N·c' micro-batches)::
@@ -69,8 +71,11 @@ class GradientStatistics(torch.optim.Optimizer):
                  debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
         self._optimizer = optimizer
         self._grad_scaler = grad_scaler
-        self._world_size = world_size if world_size is not None else (
-            dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        self._rows = SumRows(self.param_groups)
+        if world_size is None:  # (the ranks of a DTensor's mesh hold one replica: see SumRows)
+            world_size = 1 if self._rows.sharded else (
+                dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        self._world_size = self._checked_world_size(world_size)
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
@@ -91,6 +96,7 @@ class GradientStatistics(torch.optim.Optimizer):
             raise RuntimeError(
                 f"{self._name} needs world_size * num_gradients_to_accumulate > 1: it estimates the gradient "
                 "variance from several micro-batches (use DDP with more ranks, or accumulate gradients)"
+                + (f"; {SHARDED_PARAMS}" if self._rows.sharded else "")
             )
         self._scale = float(self._world_size * self._accum if scale is None else scale)
         if self._scale < 1:
@@ -99,13 +105,18 @@ class GradientStatistics(torch.optim.Optimizer):
 
     # ---- hooks: per-micro-batch local norms --------------------------------------------------
     def _hook(self) -> None:
-        hooked = [(gi, p) for gi, group in enumerate(self.param_groups) for p in group["params"] if p.requires_grad]
-        params, index = [p for _, p in hooked], [gi for gi, _ in hooked]
-        if _native_hooks_work(params):
+        """Hooks on the params that require grad, adding to their rows of the sums: C++ hooks on
+        plain params where the kernels build, Python ones otherwise and on DTensor params."""
+        hooked = [(i, row, p) for i, (row, p) in enumerate(zip(self._rows.rows, self._rows.params)) if p.requires_grad]
+        plain = [(row, p) for _, row, p in hooked if not sharding.is_dtensor(p)]
+        params, index = [p for _, p in plain], [row for row, _ in plain]
+        if params and _native_hooks_work(params):
             positions = _ops.op("grad_norm_hooks")(params, index, self._local, self._counts)
             self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
         else:
-            self._hooks = [p.register_hook(functools.partial(self._on_grad, gi)) for gi, p in hooked]
+            self._hooks = [p.register_hook(functools.partial(self._on_grad, row)) for row, p in plain]
+        self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
+                        for i, row, p in hooked if sharding.is_dtensor(p)]
 
     def unhook(self) -> None:
         """Remove the gradient hooks (no backward pass is seen any more)."""
@@ -113,21 +124,29 @@ class GradientStatistics(torch.optim.Optimizer):
             h.remove()
         self._hooks = []
 
-    def _on_grad(self, gi: int, grad: Tensor) -> None:
+    def _on_grad(self, row: int, grad: Tensor) -> None:
         """The Python twin of the C++ hooks (``csrc/cpu/grad_norms.cpp``), for devices or builds
-        without them: ``local[gi] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
+        without them: ``local[row] += ‖grad‖²`` while the micro-batch grad is in cache, and a hook
         in another autograd graph task than the last one counted starts a new backward pass; the
         pass that completes the window ends it when it finishes (see ``_queue_window_end``).
         (Keeping the grads for one batched call at the end of the backward costs more: autograd
         then copies the first micro-batch's grads instead of moving them into ``.grad``, and the
         allocator cannot reuse their memory.)"""
-        sum_squares_(self._local, [grad], [gi])
+        sum_squares_(self._local, [grad], [row])
         task = torch._C._current_graph_task_id()
         if int(self._counts[LAST_TASK]) != task:
             self._counts[LAST_TASK] = task
             self._counts[PASSES] += 1
             if int(self._counts[PASSES]) == int(self._counts[WINDOW_PASSES]):
                 _queue_window_end(self._counts)
+
+    def _on_sharded_grad(self, i: int, row: int, param: weakref.ref, grad: Tensor) -> None:
+        """The hook of DTensor param ``i`` (held weakly, as the C++ hooks hold theirs):
+        :meth:`_on_grad` of its grad's local tensor (the sum of the whole tensor is taken at the
+        window's end, see :class:`.SumRows`)."""
+        check_grad(i, param(), grad)
+        with torch.no_grad():
+            self._on_grad(row, grad.to_local())
 
     @property
     def _backwards(self) -> int:
@@ -206,7 +225,7 @@ class GradientStatistics(torch.optim.Optimizer):
         """New N (the ranks whose micro-batches a step pools); resets β to its default unless
         update_smoothing=False. The scale is not changed (see :meth:`set_scale`)."""
         self._outside_window("set_world_size")
-        self._world_size = positive_int("world_size", world_size)
+        self._world_size = self._checked_world_size(world_size)
         self.set_num_gradients_to_accumulate(self._accum, update_smoothing)
 
     def set_window(self, world_size: int, num_gradients_to_accumulate: int) -> None:
@@ -218,6 +237,15 @@ class GradientStatistics(torch.optim.Optimizer):
         self.set_num_gradients_to_accumulate(num_gradients_to_accumulate)
         if default_scale:
             self.set_scale(float(world_size * num_gradients_to_accumulate))
+
+    def _checked_world_size(self, world_size: int, rows: SumRows | None = None) -> int:
+        """``world_size`` if it is a positive int that the params (of ``rows``, default this
+        optimizer's) allow (DTensor params: 1, see :class:`.SumRows`)."""
+        world_size = positive_int("world_size", world_size)
+        if world_size > 1 and (self._rows if rows is None else rows).sharded:
+            raise ValueError(f"{self._name}: world_size={world_size} pools the micro-batches of several ranks, but "
+                             f"params are DTensors; {SHARDED_PARAMS}")
+        return world_size
 
     def _outside_window(self, what: str) -> None:
         if self._backwards:
@@ -233,6 +261,8 @@ class GradientStatistics(torch.optim.Optimizer):
         (see :meth:`_update`); returns the closure's loss. A step whose inner step raises leaves
         the averages and the window as they were (a step again takes the same window)."""
         loss = run_closure(closure)
+        if self._pending is None:
+            refuse_unseen_grads(self._name, self._rows, self._backwards)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
         before = self._pending, self._avg, self._last_loss_scale
@@ -324,15 +354,16 @@ class GradientStatistics(torch.optim.Optimizer):
         self._pending = self._end_window(at_backward_end=True)
 
     def _end_window(self, at_backward_end: bool) -> Window:
-        """The window's sums: the micro-batch sums pooled over ranks (the one all-reduce) and
-        ``.grad``'s, still carrying the loss scales (known only at ``step()``)."""
+        """The window's sums per group: the micro-batch sums pooled over ranks (the one all-reduce)
+        and ``.grad``'s, both of whole tensors (DTensors' summed over their shards, in one
+        all-reduce: see :class:`.SumRows`), still carrying the loss scales (known only at ``step()``)."""
         c = self._backwards
         local = self._local.clone()
         if self._world_size > 1:
             dist.all_reduce(local)
-        params = [(gi, p) for gi, g in enumerate(self.param_groups) for p in g["params"]]
         total = self._zeros()
-        grad_sum_squares_(total, [p for _, p in params], [gi for gi, _ in params])
+        self._rows.add_grad_sums(total)
+        local, total = self._rows.whole(local, total)
         # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
         return Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
                        at_backward_end)
@@ -345,9 +376,10 @@ class GradientStatistics(torch.optim.Optimizer):
                               beta=self._smoothing, debias=self._debias_ewma)
 
     def _zeros(self) -> Tensor:
-        """One float64 per param group, on the params' device (so NCCL can all-reduce it)."""
+        """One float64 per row of the sums (per param group without DTensors, see
+        :class:`.SumRows`), on the params' device (so NCCL can all-reduce it)."""
         device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
-        return torch.zeros(len(self.param_groups), dtype=torch.float64, device=device)
+        return torch.zeros(len(self._rows), dtype=torch.float64, device=device)
 
     # ---- optimizer API ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -362,7 +394,14 @@ class GradientStatistics(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         self._outside_window("add_param_group")
         self._optimizer.add_param_group(param_group)
+        rows = SumRows(self.param_groups)
+        try:
+            self._checked_world_size(self._world_size, rows)
+        except ValueError:
+            self._optimizer.param_groups.pop()
+            raise
         self._avg = stats.with_new_group(self._avg)
+        self._rows = rows
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -411,9 +450,17 @@ class GradientStatistics(torch.optim.Optimizer):
             self._reset_window()
             return
         saved = dict(state_dict.pop(self._state_key))
+        local = saved.pop("local")
+        if local.shape != self._local.shape and len(state_dict["param_groups"]) == len(self.param_groups):
+            if local.any():
+                raise ValueError(f"{self._name}.load_state_dict: the state was saved inside an accumulation window "
+                                 f"with {local.numel()} rows of sums, and this optimizer has {self._local.numel()} "
+                                 "(its params are sharded differently, see fused_optim.gradient_stats_rows); save "
+                                 "after step() to resume with params sharded otherwise")
+            local = torch.zeros_like(self._local)  # (a window boundary: no sums to carry)
         self._optimizer.load_state_dict(state_dict)  # first: torch checks the state before it loads
         self._load_extra(saved)
-        self._local.copy_(saved.pop("local"))  # in place: the hooks hold these tensors
+        self._local.copy_(local)  # in place: the hooks hold these tensors
         self._counts[PASSES] = int(saved.pop("backwards"))
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
@@ -496,6 +543,14 @@ class AdaScale(GradientStatistics):
       The local sums live on the params' device, so NCCL can all-reduce them.
     * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
       including a window in progress, the scale, smoothing, accumulation count and τ.
+    * DTensor params (tensor parallelism: the ranks of the params' mesh hold one model replica)
+      are measured as their whole tensors: the hooks and the ``.grad`` sums take the local
+      tensors, and at the window's end the shards' sums are added over the mesh dimensions that
+      shard them, in one all-reduce per mesh dimension (:mod:`.gradient_stats_rows`). N is 1
+      there (the micro-batches come from accumulation). FSDP2 (``fully_shard``) is refused at the
+      first ``step()``: it reduce-scatters each backward's grads inside the backward pass and
+      sets ``.grad`` to their average over the ranks, so no hook sees a rank's micro-batch
+      gradient and the variance cannot be estimated; data parallelism is measured under DDP.
     * No ``__del__``: the hooks go only with :meth:`unhook` (Lightning discards optimizer
       wrappers, and a ``__del__`` there would remove the live hooks).
 
@@ -503,7 +558,7 @@ class AdaScale(GradientStatistics):
 
     Args:
         optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
-        world_size: N (default: the process group's size, or 1).
+        world_size: N (default: the process group's size, or 1; 1 for DTensor params).
         scale: S (default N·c).
         smoothing: β (default max(1 − N·c/1000, 0)).
         num_gradients_to_accumulate: c, backward passes per step.

@@ -37,7 +37,8 @@ class NoiseScale(GradientStatistics):
         optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
         micro_batch_size: B_micro, samples per micro-batch (per rank and backward pass); b_simple
             is in samples.
-        world_size: N (default: the process group's size, or 1).
+        world_size: N (default: the process group's size, or 1; 1 for DTensor params, see
+            :class:`~fused_optim.AdaScale` for sharded params and FSDP2).
         smoothing: β.
         num_gradients_to_accumulate: c, backward passes per step (N·c ≥ 2 is needed).
         is_scaled_loss: whether each micro-batch loss was divided by c.

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, GradientAccumulationScheduler
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -25,7 +25,10 @@ class AdaScaleCallback(Callback):
     schedulers bound to it stay valid).
 
     * AdaScale's accumulation count follows ``trainer.accumulate_grad_batches`` (also when a
-      ``GradientAccumulationScheduler`` changes it) and its world size the trainer's.
+      ``GradientAccumulationScheduler`` changes it) and its world size the trainer's data-parallel
+      replicas (:func:`replicas`: under ``ModelParallelStrategy`` its ``data_parallel`` mesh
+      dimension; tensor-parallel params are measured whole, FSDP2 is refused with the reason, see
+      :class:`fused_optim.AdaScale`).
     * τ (``scale_invariant_steps``, Σ gain over real updates; an AMP-skipped step adds nothing)
       drives the schedules: with ``follow_tau`` every ``interval="step"`` scheduler is stepped by
       this callback only, after each batch, until ``scheduler.last_epoch == ⌊τ⌋`` — so a schedule
@@ -111,7 +114,7 @@ class AdaScaleCallback(Callback):
             raise RuntimeError("AdaScaleCallback needs automatic optimization with exactly one optimizer; with manual "
                                "optimization wrap your optimizer in fused_optim.AdaScale yourself")
         inner = inner_optimizer(strategy.optimizers[0])
-        strategy.optimizers = [as_adascale(strategy.optimizers[0], trainer.world_size, _accumulation(trainer),
+        strategy.optimizers = [as_adascale(strategy.optimizers[0], replicas(trainer), _accumulation(trainer),
                                            **self.adascale_kwargs)]
         self._wrapped = strategy.optimizers[0]
         self._step_hook = inner.register_step_post_hook(self._record_applied_lrs)
@@ -136,7 +139,7 @@ class AdaScaleCallback(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
         opt, accumulate = self._adascale(trainer), _accumulation(trainer)
         if opt.num_gradients_to_accumulate != accumulate:
-            as_adascale(opt, trainer.world_size, accumulate)
+            as_adascale(opt, replicas(trainer), accumulate)
         self._applied_lrs = None
         self._tau_at_batch_start = opt.scale_invariant_steps
 
@@ -209,6 +212,16 @@ def _warn_epoch_scheduler(config) -> None:
                    '{"scheduler": scheduler, "interval": "step"} from configure_optimizers, with the schedule\'s '
                    "length in steps (e.g. T_max=1000), or use lightning_optim.StepSchedulerCLI in place of "
                    "LightningCLI; to keep it per epoch, pass AdaScaleCallback(follow_tau=False)", category=UserWarning)
+
+
+def replicas(trainer) -> int:
+    """The data-parallel replicas whose micro-batches an update pools (AdaScale's and NoiseScale's N):
+    the world size, or under ``ModelParallelStrategy`` the size of its mesh's ``data_parallel``
+    dimension (the ranks of a ``tensor_parallel`` row hold one replica and see the same batches)."""
+    strategy = trainer.strategy
+    if isinstance(strategy, ModelParallelStrategy):
+        return strategy.device_mesh["data_parallel"].size()
+    return trainer.world_size
 
 
 def _accumulation(trainer) -> int:

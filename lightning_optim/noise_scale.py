@@ -13,7 +13,7 @@ from fused_optim.adascale import GradientStatistics
 from fused_optim.metrics import NOISE_SCALE
 from fused_optim.noise_scale import AccumulationRamp, noise_scale_metrics
 
-from .callback import AdaScaleCallback, _accumulation
+from .callback import AdaScaleCallback, _accumulation, replicas
 from .lr_monitor import detach, keep_names
 
 
@@ -26,7 +26,8 @@ class NoiseScaleCallback(Callback):
     by the module, or made by an :class:`~lightning_optim.AdaScaleCallback`): no second set of
     hooks. Otherwise the optimizer is wrapped in a :class:`~fused_optim.NoiseScale` at
     ``on_fit_start`` (it shares the ``param_groups``, so schedulers stay valid); its accumulation
-    count and world size follow the trainer's. It needs ``accumulate_grad_batches`` ≥ 2 or
+    count and world size follow the trainer's (its data-parallel replicas: see
+    :class:`~lightning_optim.AdaScaleCallback`). It needs ``accumulate_grad_batches`` ≥ 2 or
     several devices. A ``LearningRateMonitor`` keeps its series names (``lr-<the module's optimizer
     class>``, not ``lr-NoiseScale``).
 
@@ -78,7 +79,7 @@ class NoiseScaleCallback(Callback):
         if not isinstance(strategy.optimizers[0], GradientStatistics):  # (an AdaScale measures itself)
             inner = strategy.optimizers[0]
             try:
-                strategy.optimizers = [NoiseScale(inner, world_size=trainer.world_size,
+                strategy.optimizers = [NoiseScale(inner, world_size=replicas(trainer),
                                                   num_gradients_to_accumulate=_accumulation(trainer),
                                                   **self.noise_kwargs)]
             except RuntimeError as err:
@@ -104,12 +105,12 @@ class NoiseScaleCallback(Callback):
         if self.ramp is None:
             return
         stats, accumulate = self._stats(trainer), trainer.accumulate_grad_batches
-        c = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, trainer.world_size, accumulate)
+        c = self.ramp.next_accumulation(stats.noise_scale(self._micro), self._micro, replicas(trainer), accumulate)
         trainer.accumulate_grad_batches = self._accumulation = c
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch: Any, batch_idx: int) -> None:
-        self._stats(trainer).set_window(trainer.world_size, _accumulation(trainer))
+        self._stats(trainer).set_window(replicas(trainer), _accumulation(trainer))
 
     @override
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:

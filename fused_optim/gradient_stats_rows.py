@@ -1,0 +1,114 @@
+r"""Where :class:`~fused_optim.adascale.GradientStatistics` adds each param's sums of squares, so
+that params sharded across processes as ``DTensor`` count as their whole tensors.
+
+The statistics need, per param group, Σ ‖g‖² over whole tensors (each micro-batch's grads in the
+hooks, ``.grad`` at the window's end). A DTensor's kernel call sees its local tensor only, so the
+sums have one row per (param group, sharding class): class 0 holds plain params and DTensors that
+no mesh dimension shards (a replica is its whole tensor), and each further class the params
+sharded over the same mesh dimensions of the same mesh. At the window's end the rows of the
+sharded classes are summed over the mesh dimensions that shard them (micro-batch and ``.grad``
+sums together: :func:`.sharding.all_reduce_rows`, one all-reduce per mesh dimension; a
+``Replicate`` dimension holds copies and is not summed), and the rows are folded into one sum per
+group. Σ over micro-batches of Σ over shards = Σ over shards of Σ over micro-batches, so
+the hooks need no collective. Without DTensors there is one class, a row per group, and no
+collective here.
+
+Which sharded params can be measured (see :data:`SHARDED_PARAMS`): those whose grads pass through
+autograd to the param, one model replica held by the mesh's ranks (tensor parallelism, models
+computed on DTensors). FSDP2 (``fully_shard``) reduce-scatters each backward's grads inside the
+backward pass and sets the sharded params' ``.grad`` to the average over ranks; no hook of a
+param sees a rank's micro-batch gradient, and the per-rank norms that estimate the gradient
+variance exist nowhere (with one backward per step the average alone leaves no variance to
+estimate). It is refused at the first step (:func:`refuse_unseen_grads`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import sharding
+from .norm import grad_sum_squares_, sum_squares_
+
+SHARDED_PARAMS = (
+    "the gradient statistics of DTensor params are measured where their gradients pass through "
+    "autograd to the params (tensor parallelism: the ranks of the params' mesh hold one model replica, "
+    "world_size=1, and the micro-batches come from gradient accumulation, num_gradients_to_accumulate > 1). "
+    "FSDP2 (fully_shard) is not supported: it reduce-scatters each backward's gradients inside the backward "
+    "pass and sets the sharded params' .grad to their average over the ranks, so the per-rank micro-batch "
+    "gradients whose norms estimate the gradient variance are never seen; for data parallelism use DDP "
+    "(DistributedDataParallel) with plain params"
+)
+
+
+def _shard_key(p: Tensor) -> tuple | None:
+    """The sharding class of ``p``: (mesh, the mesh dims that shard it), None when none does."""
+    dims = sharding.sharded_dims(p)
+    return (p.device_mesh, tuple(dims)) if dims else None
+
+
+class SumRows:
+    """The rows of the sums for ``param_groups`` (see the module docstring): ``rows[i]`` is the row
+    of ``params[i]``; ``len(self)`` rows, ``classes`` per group; ``sharded``: the indices of the
+    DTensor params."""
+
+    def __init__(self, param_groups: list[dict]):
+        pairs = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"]]
+        first: dict[tuple, Tensor] = {}  # a param of each sharded class, for its mesh and placements
+        for _, p in pairs:
+            key = _shard_key(p)
+            if key is not None:
+                first.setdefault(key, p)
+        keys = list(first)
+        self.groups, self.classes = len(param_groups), 1 + len(keys)
+        self.params = [p for _, p in pairs]
+        self.rows = [gi * self.classes + (0 if (key := _shard_key(p)) is None else 1 + keys.index(key))
+                     for gi, p in pairs]
+        self.sharded = [i for i, p in enumerate(self.params) if sharding.is_dtensor(p)]
+        unsharded = torch.empty(0)  # (all_reduce_rows reduces no row of a plain tensor)
+        self._row_params = [unsharded if k == 0 else first[keys[k - 1]]
+                            for _ in range(self.groups) for k in range(self.classes)]
+
+    def __len__(self) -> int:
+        return self.groups * self.classes
+
+    def add_grad_sums(self, total: Tensor) -> None:
+        """``total[row] += ‖p.grad‖²`` over each param's local grad (the C++ kernel reads plain
+        params' ``.grad``; a DTensor's grad is passed as its local tensor)."""
+        if not self.sharded:
+            grad_sum_squares_(total, self.params, self.rows)
+            return
+        plain = [i for i, p in enumerate(self.params) if not sharding.is_dtensor(p)]
+        grad_sum_squares_(total, [self.params[i] for i in plain], [self.rows[i] for i in plain])
+        with_grad = [i for i in self.sharded if self.params[i].grad is not None]
+        for i in with_grad:
+            check_grad(i, self.params[i], self.params[i].grad)
+        sum_squares_(total, [self.params[i].grad.to_local() for i in with_grad], [self.rows[i] for i in with_grad])
+
+    def whole(self, local: Tensor, total: Tensor) -> tuple[Tensor, Tensor]:
+        """The per-group sums of the whole tensors from the per-row local ones: the sharded rows
+        summed over their shards (one all-reduce per mesh dimension), then folded per group.
+        With one class, ``local`` and ``total`` themselves."""
+        if self.classes == 1:
+            return local, total
+        both = torch.stack((local, total), dim=1)
+        sharding.all_reduce_rows(both, self._row_params)
+        local, total = both.view(self.groups, self.classes, 2).sum(dim=1).unbind(dim=1)
+        return local.contiguous(), total.contiguous()
+
+
+def check_grad(i: int, p: Tensor, grad: Tensor) -> None:
+    """Raises where the grad of DTensor param ``i`` is not placed as the param (its local sums would
+    not be those of the param's shard: a ``Partial`` grad holds pending sums)."""
+    why = sharding.grad_mismatch(p, grad)
+    if why is not None:
+        raise RuntimeError(f"gradient statistics: param {i} {why}")
+
+
+def refuse_unseen_grads(who: str, rows: SumRows, backwards: int) -> None:
+    """Raises where DTensor params have grads but no backward pass of the window reached the
+    hooks: the grads were set without autograd reaching the params (FSDP2 sets them after its
+    reduce-scatter), and the statistics cannot be measured."""
+    if backwards == 0 and any(rows.params[i].grad is not None for i in rows.sharded):
+        raise RuntimeError(f"{who}.step: DTensor params have gradients, but no backward pass of this window reached "
+                           f"their gradient hooks; {SHARDED_PARAMS}")

@@ -1,0 +1,152 @@
+r"""AdaScale's and NoiseScale's statistics from DTensor params (sharded over 2 gloo ranks, one model
+replica between them) equal those from the same params whole; FSDP2 and a world size above 1 are
+refused with the reason (tests/workers/sharded_stats_worker.py runs both ways in each rank).
+
+Tolerance. Both runs get bitwise equal gradients (the loss is elementwise in each param), so they
+differ only in the order the squares are added. A float64 sum of n non-negative terms (each a
+rounded square) in any order is within (n + 1)·u of the exact sum, relative (u = 2⁻⁵³), so the
+two runs' sums of a group differ by at most δ = 2(n + 1)·u relative, n counting every square of
+the window, the shard all-reduce and the fold of the rows. The gain and B_simple are monotone in
+each sum (var grows with the micro-batch sums and falls with the ``.grad`` sums, |G|² the other
+way, the EWMAs have positive weights, the clamps are monotone, gain = (V + Q)/(V/S + Q) rises
+with V and falls with Q, B_simple = ΣV'/ΣQ likewise while both are positive): the sharded value
+lies between the math replayed on the whole run's sums moved by δ in the direction that lowers
+it and in the one that raises it, widened by 64 ulps for the arithmetic after the sums (a dozen
+rounded operations per window, none cancelling: the test checks that V and Q stay positive).
+A step of SGD p − lr·gain·g with equal p and g then differs by |lr·g|·|Δgain| plus one rounding
+of the param.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from fused_optim import gradient_stats_math as stats
+from fused_optim.gradient_stats_math import Window
+from processes import run_ranks
+from utils import WORKERS
+
+U = 2.0**-53
+ULPS_AFTER_SUMS = 64 * U
+
+
+def _load_worker():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sharded_stats_worker", WORKERS / "sharded_stats_worker.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return _load_worker()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sharded_stats")
+    run_ranks(WORKERS / "sharded_stats_worker.py", lambda r: (r, 2, tmp), 2, tmp)
+    return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def sum_bound(worker) -> float:
+    """δ: the relative bound between the two runs' sums of one group (see the module docstring):
+    every square of the window (ACCUM micro-batches, all params), plus the all-reduce over 2 ranks
+    and the fold of 2 rows per group."""
+    n = worker.ACCUM * sum(math.prod(shape) for shape, _, _ in worker.PARAMS) + 2 + 2
+    return 2 * (n + 1) * U
+
+
+def replay(worker, records: list[dict], local_factor: float, total_factor: float) -> list[dict]:
+    """The averages after each window of ``records`` (the whole run's), its sums multiplied by the
+    factors: the math of a window-end's sums, as the optimizer runs it (N = 1, c = ACCUM, S = N·c,
+    the default β, bias-corrected EWMAs)."""
+    scale, beta = float(worker.ACCUM), max(1 - worker.ACCUM / 1000, 0.0)
+    avg, out = stats.initial_averages(2), []
+    for rec in records:
+        window = Window([x * local_factor for x in rec["local"]], [x * total_factor for x in rec["total"]],
+                        rec["passes"], scale, True)
+        avg = stats.averaged(avg, window, 1.0, 1.0, accum=worker.ACCUM, world_size=1, is_scaled_loss=True,
+                             beta=beta, debias=True)
+        out.append(avg)
+    return out
+
+
+def values(worker, avg: dict) -> dict:
+    """What the runs record, from the averages: the gains (total and per group), B_simple."""
+    scale = float(worker.ACCUM)
+    var, sqr = avg[stats.VAR], avg[stats.SQR]
+    return {"gain": stats.gain(sum(var), sum(sqr), scale), "gains": [stats.gain(v, q, scale) for v, q in zip(var, sqr)],
+            "b_simple": stats.noise_scale(avg, 4)}
+
+
+def flat(record: dict, name: str) -> list[float]:
+    value = record[name]
+    return value if isinstance(value, list) else [value]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, keys", [("adascale", ("gain", "gains")), ("noise_scale", ("b_simple",))])
+def test_statistics_of_dtensor_params_equal_the_whole_params(ranks, worker, name, keys):
+    delta = sum_bound(worker)
+    run = ranks[0]["runs"][name]
+    assert run["implementation"] == "fused"
+    assert not run["warnings"], run["warnings"]  # no reference fallback, no per-param warning
+    sharded, whole = run["sharded"], run["whole"]
+    assert len(sharded) == len(whole) == worker.STEPS
+    # both ranks measured the same whole tensors
+    assert [{k: v for k, v in r.items() if k not in ("params", "before")} for r in ranks[1]["runs"][name]["sharded"]] \
+        == [{k: v for k, v in r.items() if k not in ("params", "before")} for r in sharded]
+
+    exact = replay(worker, whole, 1.0, 1.0)
+    low, high = replay(worker, whole, 1 - delta, 1 + delta), replay(worker, whole, 1 + delta, 1 - delta)
+    for step, (s, w) in enumerate(zip(sharded, whole)):
+        where = f"{name}, step {step}"
+        assert s["passes"] == w["passes"] == worker.ACCUM, where
+        for key in ("local", "total"):  # the window's sums of the whole tensors, per group
+            for a, b in zip(s[key], w[key], strict=True):
+                assert abs(a - b) <= delta * b, f"{where}: {key} {a} vs {b}"
+        # the replay is the whole run's own arithmetic, and the averages stay positive (no cancellation)
+        assert {k: w[k] for k in keys} == {k: values(worker, exact[step])[k] for k in keys}, where
+        assert all(v > 0 for k in (stats.VAR, stats.SQR, stats.NOISE_VAR, stats.NOISE_SQR) for v in exact[step][k])
+        lo, hi = values(worker, low[step]), values(worker, high[step])
+        for key in keys:
+            for value, a, b in zip(flat(s, key), flat(lo, key), flat(hi, key), strict=True):
+                assert a * (1 - ULPS_AFTER_SUMS) <= value <= b * (1 + ULPS_AFTER_SUMS), f"{where}: {key} {value} " \
+                    f"outside [{a}, {b}]"
+        # the step: p − lr·gain(k)·g from equal p and g (NoiseScale: the gain is 1 in both)
+        for k, (p_s, p_w, before) in enumerate(zip(s["params"], w["params"], w["before"])):
+            group = worker.PARAMS[k][2]
+            rel_gain = abs(s["gains"][group] / w["gains"][group] - 1) if "gains" in s else 0.0
+            atol = (before - p_w).abs() * (rel_gain + 2 * U) + 2 * U * p_w.abs()
+            assert ((p_s - p_w).abs() <= atol).all(), f"{where}: param {k}"
+    assert any(v > 1.5 for v in flat(sharded[-1], keys[0]))  # the statistics measured something
+
+
+@pytest.mark.slow
+def test_fsdp2_and_several_replicas_are_refused_with_the_reason(ranks):
+    for result in ranks:
+        refusals = result["refusals"]
+        assert refusals["fsdp2"].startswith("RuntimeError: AdaScale.step: DTensor params have gradients, but no "
+                                            "backward pass of this window reached their gradient hooks")
+        assert refusals["world_size"].startswith("ValueError: NoiseScale: world_size=2 pools the micro-batches")
+        assert refusals["no_accumulation"].startswith("RuntimeError: AdaScale needs world_size * "
+                                                      "num_gradients_to_accumulate > 1")
+        for message in refusals.values():
+            assert "FSDP2 (fully_shard) is not supported" in message
+            assert "use DDP (DistributedDataParallel) with plain params" in message
+
+
+@pytest.mark.slow
+def test_a_sharded_runs_state_resumes_whole_at_a_step_boundary_only(ranks):
+    for result in ranks:
+        assert result["resumed"]["gain"] == result["resumed"]["saved_gain"] > 1.0
+        assert result["resumed_mid_window"].startswith("AdaScale.load_state_dict: the state was saved inside an "
+                                                       "accumulation window with 4 rows of sums, and this optimizer "
+                                                       "has 2")

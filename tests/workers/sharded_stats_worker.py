@@ -1,0 +1,182 @@
+"""Subprocess side of tests/distributed/test_sharded_stats.py: one gloo rank measuring AdaScale's and
+NoiseScale's statistics on DTensor params, and the same params whole.
+
+    sharded_stats_worker.py RANK WORLD OUT_DIR      (all ranks at once; they meet through OUT_DIR/store)
+
+Each rank trains the same float64 params twice: as DTensors on a mesh of all ranks (one model
+replica held in shards, as tensor parallelism holds it: Shard(0) and Shard(1), some rows empty
+on a rank; a Replicate param; a plain param beside them; two param groups) and as plain tensors,
+with the same micro-batches. The loss is elementwise in each param (Σ w·(p·x − y)², divided by
+the accumulation count), so both runs get bitwise equal gradients and differ only in the order
+the sums of squares are added. After each step the whole run's params are set to the sharded
+run's (each window starts from equal params). Saved to OUT_DIR/rank<r>.pt:
+``{"runs": {name: {"sharded": [record per step], "whole": [...], "warnings", "implementation"}},
+"refusals": {case: message}}``; a record holds the ended window's per-group sums, the gains or
+noise scale read before ``step()``, and the params before and after it.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+import fused_optim
+from fused_optim.process_group import end_process_group, init_process_group
+
+TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
+STEPS, ACCUM, LR = 5, 3, 0.1
+# (shape, placement, group): 7 rows and 5 columns do not split evenly over 2 ranks; 600 rows span
+# more than one of the kernels' work items.
+PARAMS = [((7, 4), Shard(0), 0), ((6,), Replicate(), 0), ((3, 5), Shard(1), 1), ((600,), Shard(0), 1),
+          ((4, 2), None, 1)]
+
+
+def data(step: int, micro: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) per param of micro-batch ``micro`` of ``step``: y has a mean (the gradient signal)
+    and noise (the variance between micro-batches)."""
+    gen = torch.Generator().manual_seed(100 * step + micro)
+    return [(torch.randn(shape, generator=gen, dtype=torch.float64),
+             1.0 + 0.5 * torch.randn(shape, generator=gen, dtype=torch.float64)) for shape, _, _ in PARAMS]
+
+
+def place(t: torch.Tensor, placement, mesh) -> torch.Tensor:
+    return t if placement is None else distribute_tensor(t, mesh, [placement])
+
+
+def loss(params: list[torch.Tensor], batch, mesh, sharded: bool) -> torch.Tensor:
+    """Σ over params of Σ (p·x − y)² / ACCUM: elementwise, so every gradient element is the same
+    whether the param is whole or a shard."""
+    dtensor_terms, plain_terms = [], []
+    for p, (x, y), (_, placement, _) in zip(params, batch, PARAMS):
+        if sharded and placement is not None:
+            x, y = place(x, placement, mesh), place(y, placement, mesh)
+            dtensor_terms.append((p * x - y).square().sum())
+        else:
+            plain_terms.append((p * x - y).square().sum())
+    total = sum(plain_terms)
+    if dtensor_terms:
+        total = total + sum(dtensor_terms).full_tensor()
+    return total / ACCUM
+
+
+def make(cls, params: list[torch.Tensor], **kwargs):
+    groups = [{"params": [p for p, (_, _, g) in zip(params, PARAMS) if g == k]} for k in (0, 1)]
+    return cls(fused_optim.FusedSGD(groups, lr=LR), world_size=1, num_gradients_to_accumulate=ACCUM, **kwargs)
+
+
+def observe(opt) -> dict:
+    window = opt._pending  # the window the last backward ended, which step() takes
+    record = {"local": window.local, "total": window.total, "passes": window.passes}
+    if isinstance(opt, fused_optim.AdaScale):
+        record.update(gain=opt.gain(), gains=[opt.gain(k) for k in range(len(opt.param_groups))])
+    else:
+        record.update(b_simple=opt.b_simple)
+    return record
+
+
+def whole_values(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [(p.full_tensor() if isinstance(p, DTensor) else p).detach().clone() for p in params]
+
+
+def run(cls, mesh, **kwargs) -> dict:
+    """``cls`` (AdaScale or NoiseScale over FusedSGD) stepped STEPS times on the DTensor params and
+    on the same params whole."""
+    init = [torch.randn(shape, generator=torch.Generator().manual_seed(7 + i), dtype=torch.float64)
+            for i, (shape, _, _) in enumerate(PARAMS)]
+    whole = [torch.nn.Parameter(t.clone()) for t in init]
+    sharded = [torch.nn.Parameter(place(t.clone(), placement, mesh)) for t, (_, placement, _) in zip(init, PARAMS)]
+    runs = {"sharded": (sharded, make(cls, sharded, **kwargs)), "whole": (whole, make(cls, whole, **kwargs))}
+    trace = {"sharded": [], "whole": []}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            for name, (params, opt) in runs.items():
+                for micro in range(ACCUM):
+                    loss(params, data(step, micro), mesh, name == "sharded").backward()
+                record = {**observe(opt), "before": whole_values(params)}
+                opt.step()
+                record["params"] = whole_values(params)
+                trace[name].append(record)
+                opt.zero_grad()
+            with torch.no_grad():  # the next window from equal params
+                for p, q in zip(whole, trace["sharded"][-1]["params"]):
+                    p.copy_(q)
+    return {**trace, "warnings": [str(w.message) for w in caught],
+            "implementation": runs["sharded"][1].implementation}
+
+
+def fsdp2_step(mesh) -> None:
+    """AdaScale over an MLP under ``fully_shard``, accumulating 2 backward passes, then step()."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), num_gradients_to_accumulate=2)
+    for _ in range(2):
+        model(torch.randn(8, 6)).square().mean().backward()
+    opt.step()
+
+
+def resume_unsharded(mesh, mid_window: bool) -> dict:
+    """AdaScale's state saved by the sharded params (inside a window, or at its end) loaded by an
+    AdaScale over the same params whole: the averages carry over; a window's partial sums do not."""
+    sharded = [torch.nn.Parameter(place(torch.ones(shape, dtype=torch.float64), placement, mesh))
+               for shape, placement, _ in PARAMS]
+    opt = make(fused_optim.AdaScale, sharded)
+    for step in range(2):
+        for micro in range(ACCUM if step == 0 or not mid_window else 1):
+            loss(sharded, data(step, micro), mesh, True).backward()
+        if step == 0 or not mid_window:
+            opt.step()
+            opt.zero_grad()
+    state = opt.state_dict()
+    whole = [torch.nn.Parameter(torch.ones(shape, dtype=torch.float64)) for shape, _, _ in PARAMS]
+    other = make(fused_optim.AdaScale, whole)
+    other.load_state_dict(state)
+    return {"gain": other.gain(), "saved_gain": opt.gain()}
+
+
+def refusals(mesh):
+    """(case, thunk) of each use the statistics refuse; the thunk should raise."""
+    yield "fsdp2", lambda: fsdp2_step(mesh)
+    p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
+    yield "world_size", lambda: fused_optim.NoiseScale(fused_optim.FusedSGD([p], lr=LR), world_size=2)
+    yield "no_accumulation", lambda: fused_optim.AdaScale(fused_optim.FusedSGD([p], lr=LR))
+
+
+def main(rank: int, world: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
+    mesh = init_device_mesh("cpu", (world,))
+    result = {"runs": {"adascale": run(fused_optim.AdaScale, mesh),
+                       "noise_scale": run(fused_optim.NoiseScale, mesh, micro_batch_size=4)},
+              "refusals": {}}
+    result["resumed"] = resume_unsharded(mesh, mid_window=False)
+    try:
+        resume_unsharded(mesh, mid_window=True)
+        result["resumed_mid_window"] = None
+    except ValueError as exc:
+        result["resumed_mid_window"] = str(exc)
+    for case, thunk in refusals(mesh):
+        try:
+            thunk()
+            result["refusals"][case] = None
+        except Exception as exc:  # noqa: BLE001 (saved for the test, which says what was expected)
+            result["refusals"][case] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
