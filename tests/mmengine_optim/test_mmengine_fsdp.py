@@ -1,0 +1,67 @@
+"""mmengine's FSDPStrategy (FlexibleRunner; torch's FSDP1, each FSDP unit's params flattened and
+sharded across the ranks) on 2 gloo ranks (CPU) with our optimizer named in the config:
+configs/fsdp/digits_fsdp_fused_adam.py through ``python -m mmengine_optim.train``'s ``main``
+(tests/workers/mmengine_fsdp_worker.py under torchrun), 4 iterations, against the same config
+as DDP (mmengine's Runner) from the same init.
+
+FusedAdam is elementwise (each element's update reads only that element and its grad), so a
+shard of the flat params steps as those elements would whole; FSDP1 averages the ranks' grads as
+DDP does ((g0 + g1) / 2 for 2 ranks: halving is exact, two floats sum in either order), and both
+forwards see the same whole params: the two runs end bit for bit equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from processes import torchrun
+from utils import REPO, WORKERS
+
+RUNS = ("fsdp", "ddp")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("mmengine_fsdp")
+    torchrun([str(WORKERS / "mmengine_fsdp_worker.py"), str(out)], REPO)
+    return {run: [torch.load(out / f"{run}-rank{r}.pt", weights_only=True) for r in (0, 1)] for run in RUNS}
+
+
+@pytest.mark.slow
+def test_fsdp_strategy_steps_fused_and_equals_ddp(runs):
+    for run in RUNS:
+        for r, result in enumerate(runs[run]):
+            what = f"{run}, rank {r}"
+            assert result["runner"] == {"fsdp": "FlexibleRunner", "ddp": "Runner"}[run], what
+            assert result["optimizer"] == "FusedAdam" and result["implementation"] == "fused", what
+            fallback = [w for w in result["warnings"]  # ours begin with the optimizer's name
+                        if w.split(": ", 1)[1].startswith("FusedAdam") or "reference implementation" in w]
+            assert not fallback, f"{what} warned: {fallback}"
+    fsdp, ddp = runs["fsdp"][0]["state_dict"], runs["ddp"][0]["state_dict"]
+    assert fsdp.keys() == ddp.keys() and len(fsdp) == 6
+    for key in fsdp:
+        assert torch.equal(fsdp[key], ddp[key]), f"{key}: FSDP differs from DDP by {(fsdp[key] - ddp[key]).abs().max()}"
+        assert torch.equal(runs["fsdp"][1]["state_dict"][key], fsdp[key]), f"{key}: the FSDP ranks disagree"
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the refusal without an accelerator")
+def test_mmengine_fsdp_wrapper_refuses_its_default_device_id_on_cpu():
+    """mmengine's FSDPStrategy passes ``device_id=int(LOCAL_RANK)``; without an accelerator torch
+    refuses it (before any process group is needed), the error docs/frameworks.md quotes and
+    ``prepare_cpu_ddp`` avoids with ``device_id='cpu'``."""
+    from mmengine.model import MMFullyShardedDataParallel
+
+    with pytest.raises(RuntimeError, match=r"^Cannot access accelerator device when none is available\.$"):
+        MMFullyShardedDataParallel(module=torch.nn.Linear(2, 2), device_id=0)
+
+
+def test_prepare_cpu_ddp_leaves_a_single_process_fsdp_config_alone():
+    """``launcher='none'``: nothing to prepare (and no process group started)."""
+    from mmengine.config import Config
+
+    from mmengine_optim import prepare_cpu_ddp
+
+    cfg = Config.fromfile(REPO / "configs" / "fsdp" / "digits_fsdp_fused_adam.py")
+    assert prepare_cpu_ddp(cfg).strategy == dict(type="FSDPStrategy")
+    assert not torch.distributed.is_initialized()

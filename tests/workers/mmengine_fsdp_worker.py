@@ -1,0 +1,65 @@
+"""Subprocess side of tests/mmengine_optim/test_mmengine_fsdp.py, one rank of
+``torchrun --nproc_per_node=2 mmengine_fsdp_worker.py OUT``: ``python -m mmengine_optim.train``'s
+``main`` on configs/fsdp/digits_fsdp_fused_adam.py (mmengine's FSDPStrategy, FlexibleRunner) for
+4 iterations, then the same config as DDP (``strategy=None``: mmengine's Runner). Saves
+``OUT/<run>-rank<r>.pt`` for run ``fsdp`` and ``ddp``: ``{"runner", "optimizer", "implementation",
+"warnings", "state_dict"}`` (the model's whole state dict: FSDP's gathered)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+
+from fused_optim.process_group import end_process_group
+from mmengine_optim.train import main as train
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "fsdp" / "digits_fsdp_fused_adam.py"
+ITERS = 4
+
+
+def run(out: Path, name: str, *options: str) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner = train([str(CONFIG), "--launcher", "pytorch", "--work-dir", str(out / name), "--cfg-options",
+                        f"experiment_name={name}", f"train_cfg.max_iters={ITERS}", "train_cfg.val_interval=1000",
+                        "log_level=WARNING", "default_hooks.checkpoint.save_last=False", *options])
+    model, opt = runner.model, runner.optim_wrapper.optimizer
+    if isinstance(model, FullyShardedDataParallel):
+        whole = FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, whole):
+            state = model.state_dict()
+    else:
+        state = model.module.state_dict()
+    torch.save(dict(runner=type(runner).__name__, optimizer=type(opt).__name__, implementation=opt.implementation,
+                    warnings=[f"{w.category.__name__}: {w.message}" for w in caught],
+                    state_dict={k: v.detach().clone() for k, v in state.items()}),
+               out / f"{name}-rank{dist.get_rank()}.pt")
+
+
+def save_init(out: Path) -> Path:
+    """One init for both runs (each Runner seeds and builds its model its own way): a
+    checkpoint of the config's model as rank 0 made it, which both runs load."""
+    from examples.mmengine_digits import DigitsClassifier
+
+    path = out / "init.pth"
+    if dist.get_rank() == 0:
+        torch.manual_seed(0)
+        torch.save(dict(state_dict=DigitsClassifier().state_dict()), path)
+    dist.barrier()
+    return path
+
+
+if __name__ == "__main__":
+    from fused_optim.process_group import init_process_group
+
+    out = Path(sys.argv[1])
+    init_process_group("gloo")
+    init = save_init(out)
+    run(out, "fsdp", f"load_from={init}", "strategy.state_dict_cfg=full")
+    run(out, "ddp", f"load_from={init}", "strategy=None")
+    end_process_group()
