@@ -1,8 +1,10 @@
 """mmengine's FSDPStrategy (FlexibleRunner; torch's FSDP1, each FSDP unit's params flattened and
 sharded across the ranks) on 2 gloo ranks (CPU) with our optimizer named in the config:
 configs/fsdp/digits_fsdp_fused_adam.py through ``python -m mmengine_optim.train``'s ``main``
-(tests/workers/mmengine_fsdp_worker.py under torchrun), 4 iterations, against the same config
-as DDP (mmengine's Runner) from the same init.
+(tests/workers/mmengine_fsdp_worker.py under torchrun), 4 iterations, with mmengine's default
+``use_orig_params=True`` (the optimizer gets the model's own params, views of the flat shards,
+empty on a rank that holds none of their elements) and with ``use_orig_params=False`` (the flat
+shards), against the same config as DDP (mmengine's Runner) from the same init.
 
 FusedAdam is elementwise (each element's update reads only that element and its grad), so a
 shard of the flat params steps as those elements would whole; FSDP1 averages the ranks' grads as
@@ -18,7 +20,8 @@ import torch
 from processes import torchrun
 from utils import REPO, WORKERS
 
-RUNS = ("fsdp", "ddp")
+FSDP = ("fsdp", "fsdp_flat_params")
+RUNS = (*FSDP, "ddp")
 
 
 @pytest.fixture(scope="module")
@@ -29,20 +32,24 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_fsdp_strategy_steps_fused_and_equals_ddp(runs):
-    for run in RUNS:
+@pytest.mark.parametrize("fsdp", FSDP)
+def test_fsdp_strategy_steps_fused_and_equals_ddp(runs, fsdp):
+    for run in (fsdp, "ddp"):
         for r, result in enumerate(runs[run]):
             what = f"{run}, rank {r}"
-            assert result["runner"] == {"fsdp": "FlexibleRunner", "ddp": "Runner"}[run], what
+            assert result["runner"] == ("Runner" if run == "ddp" else "FlexibleRunner"), what
+            # the whole model is one FSDP unit: one flat param, or the model's 6 tensors
+            assert result["stepped"] == {"fsdp": 6, "fsdp_flat_params": 1, "ddp": 6}[run], what
             assert result["optimizer"] == "FusedAdam" and result["implementation"] == "fused", what
             fallback = [w for w in result["warnings"]  # ours begin with the optimizer's name
                         if w.split(": ", 1)[1].startswith("FusedAdam") or "reference implementation" in w]
             assert not fallback, f"{what} warned: {fallback}"
-    fsdp, ddp = runs["fsdp"][0]["state_dict"], runs["ddp"][0]["state_dict"]
-    assert fsdp.keys() == ddp.keys() and len(fsdp) == 6
-    for key in fsdp:
-        assert torch.equal(fsdp[key], ddp[key]), f"{key}: FSDP differs from DDP by {(fsdp[key] - ddp[key]).abs().max()}"
-        assert torch.equal(runs["fsdp"][1]["state_dict"][key], fsdp[key]), f"{key}: the FSDP ranks disagree"
+    sharded, ddp = runs[fsdp][0]["state_dict"], runs["ddp"][0]["state_dict"]
+    assert sharded.keys() == ddp.keys() and len(sharded) == 6
+    for key in sharded:
+        assert torch.equal(sharded[key], ddp[key]), \
+            f"{fsdp}, {key}: differs from DDP by {(sharded[key] - ddp[key]).abs().max()}"
+        assert torch.equal(runs[fsdp][1]["state_dict"][key], sharded[key]), f"{fsdp}, {key}: the ranks disagree"
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the refusal without an accelerator")

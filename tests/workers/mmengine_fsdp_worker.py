@@ -1,9 +1,12 @@
 """Subprocess side of tests/mmengine_optim/test_mmengine_fsdp.py, one rank of
 ``torchrun --nproc_per_node=2 mmengine_fsdp_worker.py OUT``: ``python -m mmengine_optim.train``'s
 ``main`` on configs/fsdp/digits_fsdp_fused_adam.py (mmengine's FSDPStrategy, FlexibleRunner) for
-4 iterations, then the same config as DDP (``strategy=None``: mmengine's Runner). Saves
-``OUT/<run>-rank<r>.pt`` for run ``fsdp`` and ``ddp``: ``{"runner", "optimizer", "implementation",
-"warnings", "state_dict"}`` (the model's whole state dict: FSDP's gathered)."""
+4 iterations (``fsdp``: mmengine's default ``use_orig_params=True``, the optimizer gets the
+model's own params, views of the flat shards; ``fsdp_flat_params``: ``use_orig_params=False``,
+the flat shards), then the same config as DDP (``ddp``: ``strategy=None``, mmengine's Runner).
+Saves ``OUT/<run>-rank<r>.pt`` for each run: ``{"runner", "optimizer", "implementation",
+"warnings", "state_dict", "stepped"}`` (the model's whole state dict, FSDP's gathered; how many
+tensors the optimizer holds)."""
 
 from __future__ import annotations
 
@@ -37,7 +40,8 @@ def run(out: Path, name: str, *options: str) -> None:
         state = model.module.state_dict()
     torch.save(dict(runner=type(runner).__name__, optimizer=type(opt).__name__, implementation=opt.implementation,
                     warnings=[f"{w.category.__name__}: {w.message}" for w in caught],
-                    state_dict={k: v.detach().clone() for k, v in state.items()}),
+                    state_dict={k: v.detach().clone() for k, v in state.items()},
+                    stepped=sum(len(group["params"]) for group in opt.param_groups)),
                out / f"{name}-rank{dist.get_rank()}.pt")
 
 
@@ -61,5 +65,7 @@ if __name__ == "__main__":
     init_process_group("gloo")
     init = save_init(out)
     run(out, "fsdp", f"load_from={init}", "strategy.state_dict_cfg=full")
+    run(out, "fsdp_flat_params", f"load_from={init}", "strategy.state_dict_cfg=full",
+        "strategy.model_wrapper.type=MMFullyShardedDataParallel", "strategy.model_wrapper.use_orig_params=False")
     run(out, "ddp", f"load_from={init}", "strategy=None")
     end_process_group()
