@@ -28,7 +28,8 @@ RUNS = (*FSDP, "ddp")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("mmengine_fsdp")
     torchrun([str(WORKERS / "mmengine_fsdp_worker.py"), str(out)], REPO)
-    return {run: [torch.load(out / f"{run}-rank{r}.pt", weights_only=True) for r in (0, 1)] for run in RUNS}
+    return {"out": out, **{run: [torch.load(out / f"{run}-rank{r}.pt", weights_only=True) for r in (0, 1)]
+                             for run in RUNS}}
 
 
 @pytest.mark.slow
@@ -50,6 +51,17 @@ def test_fsdp_strategy_steps_fused_and_equals_ddp(runs, fsdp):
         assert torch.equal(sharded[key], ddp[key]), \
             f"{fsdp}, {key}: differs from DDP by {(sharded[key] - ddp[key]).abs().max()}"
         assert torch.equal(runs[fsdp][1]["state_dict"][key], sharded[key]), f"{fsdp}, {key}: the ranks disagree"
+
+
+@pytest.mark.slow
+def test_fsdp_strategy_refuses_a_layer_wise_optimizer(runs):
+    """The config with FusedLAMB: FSDP1's params are slices of flattened tensors, from which
+    LAMB's trust ratios would be another algorithm; the optimizer refuses them when it is made,
+    on every rank, saying what to use instead."""
+    for r in (0, 1):
+        refusal = (runs["out"] / f"fsdp_lamb-rank{r}.txt").read_text()
+        assert refusal.startswith("ValueError: FusedLAMB: param 0 of group 0 is a param flattened by FSDP1"), refusal
+        assert "FSDP2" in refusal and "elementwise optimizer" in refusal, refusal
 
 
 @pytest.mark.skipif(torch.accelerator.is_available(), reason="the refusal without an accelerator")

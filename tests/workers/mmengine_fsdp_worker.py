@@ -6,7 +6,8 @@ model's own params, views of the flat shards; ``fsdp_flat_params``: ``use_orig_p
 the flat shards), then the same config as DDP (``ddp``: ``strategy=None``, mmengine's Runner).
 Saves ``OUT/<run>-rank<r>.pt`` for each run: ``{"runner", "optimizer", "implementation",
 "warnings", "state_dict", "stepped"}`` (the model's whole state dict, FSDP's gathered; how many
-tensors the optimizer holds)."""
+tensors the optimizer holds). Last, the config with FusedLAMB in place of FusedAdam
+(``fsdp_lamb``), which must refuse FSDP1's params: ``OUT/fsdp_lamb-rank<r>.txt`` holds the error."""
 
 from __future__ import annotations
 
@@ -68,4 +69,10 @@ if __name__ == "__main__":
     run(out, "fsdp_flat_params", f"load_from={init}", "strategy.state_dict_cfg=full",
         "strategy.model_wrapper.type=MMFullyShardedDataParallel", "strategy.model_wrapper.use_orig_params=False")
     run(out, "ddp", f"load_from={init}", "strategy=None")
+    try:  # every rank makes its optimizer at the same point, before any collective of its own
+        run(out, "fsdp_lamb", "optim_wrapper.optimizer.type=mmengine_optim.FusedLAMB")
+        refusal = "not refused"
+    except ValueError as exc:
+        refusal = f"ValueError: {exc}"
+    (out / f"fsdp_lamb-rank{dist.get_rank()}.txt").write_text(refusal)
     end_process_group()
