@@ -71,11 +71,15 @@ class DigitsModule(pl.LightningModule):
         return loss
 
 
-def main() -> None:
+def main(args: list[str] | None = None):
+    """LightningCLI on :class:`DigitsModule` (the command line, or ``args``); returns it."""
     from lightning.pytorch.cli import LightningCLI
 
-    LightningCLI(DigitsModule, auto_configure_optimizers=False)
+    return LightningCLI(DigitsModule, auto_configure_optimizers=False, args=args)
 
 
 if __name__ == "__main__":
+    from fused_optim.process_group import end_process_group
+
     main()
+    end_process_group()  # a rank's gloo threads end before Python does (see fused_optim.process_group)

@@ -13,8 +13,8 @@ steps; rank r trains on micro-batches r, r + 2, ...:
   class path (``--model.optimizer fused_optim.FusedAdam``), the strategy by class path;
 * ``cli-auto/FusedAdam``: ``LightningCLI``'s own ``--optimizer fused_optim.FusedAdam``, which
   makes the optimizer when the CLI starts, over the params ``fully_shard`` replaces later;
-* ``config/<name>``: ``examples.lightning_digits`` (the digits CNN) through ``LightningCLI`` with
-  a YAML config of ``configs/lightning/`` (``--trainer.max_steps`` shortened).
+* ``config/<name>``: ``examples.lightning_digits`` (the digits CNN, its LightningCLI) with a YAML
+  config of ``configs/lightning/`` (``--trainer.max_steps`` shortened).
 """
 
 from __future__ import annotations
@@ -152,13 +152,13 @@ def main(out: Path) -> None:
         options = [f"--{key}", "fused_optim.FusedAdam",
                    *(arg for k, v in OPTIMIZERS["FusedAdam"].items() for arg in (f"--{key}.{k}", str(v)))]
         fit_cli(out, f"{run}/FusedAdam", model, [*options, *trainer_args])
-    from examples.lightning_digits import DigitsModule
+    from examples import lightning_digits
 
-    for config in CONFIGS:
-        fit_cli(out, f"config/{config.stem}", DigitsModule, [
-            "--config", str(config), "--trainer.max_steps=3", "--trainer.logger=false",
-            "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false"])
+    for config in CONFIGS:  # as python -m examples.lightning_digits fit --config CONFIG runs them
+        args = ["fit", "--config", str(config), "--trainer.max_steps=3", "--trainer.logger=false",
+                f"--trainer.default_root_dir={out / 'config' / config.stem}", "--trainer.enable_checkpointing=false",
+                "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+        run_and_save(out, f"config/{config.stem}", lambda args=args: lightning_digits.main(args).model)
     end_process_group()
 
 
