@@ -132,7 +132,8 @@ def test_lightning_cli_own_optimizer_option_trains_nothing_under_fsdp2(runs):
     """LightningCLI's ``--optimizer fused_optim.FusedAdam`` makes the optimizer when the CLI
     starts, over the module's params then; ``configure_model``'s ``fully_shard`` replaces them by
     DTensors: the optimizer holds none of the params that get grads and never steps (Lightning
-    2.6.6, whatever the optimizer). docs/frameworks.md says to inject the optimizer instead."""
+    2.6.6, whatever the optimizer; Lightning #19110). docs/frameworks.md says to inject the
+    optimizer instead."""
     for run in runs("cli-auto/FusedAdam"):
         assert run["optimizer"] == "FusedAdam" and not run["holds_module_params"]
         assert run["implementation"] is None and not run["state_placed_as_params"]
