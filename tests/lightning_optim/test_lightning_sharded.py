@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
