@@ -45,11 +45,12 @@ class DigitsClassifier(BaseModel):
     def __init__(self, width: int = 16, data_preprocessor: dict | None = None, dtype: str | None = None):
         super().__init__(data_preprocessor)
         self.net = DigitsCNN(width)
-        if dtype is not None:
-            self.net.to(getattr(torch, dtype))
+        # the inputs' dtype, kept here: FSDP with use_orig_params=False leaves the net no params to read it from
+        self.input_dtype = torch.float32 if dtype is None else getattr(torch, dtype)
+        self.net.to(self.input_dtype)
 
     def forward(self, inputs: torch.Tensor, data_samples: torch.Tensor | None = None, mode: str = "tensor"):
-        logits = self.net(inputs.to(next(self.net.parameters()).dtype)).float()
+        logits = self.net(inputs.to(self.input_dtype)).float()
         if mode == "loss":
             return dict(loss=F.cross_entropy(logits, data_samples))
         if mode == "predict":

@@ -11,6 +11,8 @@ What it adds to mmengine 0.10's Runner:
   where ``mmengine_optim`` is not imported (where it is, mmengine's own load too:
   :mod:`.checkpoint_globals`).
 * DDP without CUDA (``--launcher pytorch`` on CPU): :func:`~mmengine_optim.prepare_cpu_ddp`.
+* A config with a ``strategy`` (mmengine's ``FSDPStrategy``, ``DeepSpeedStrategy``, ...) runs in
+  mmengine's ``FlexibleRunner``, the runner that takes one; FSDP on CPU as DDP above.
 * A DDP rank destroys its process group once training is over on every rank, before its Python
   exits (:func:`fused_optim.process_group.end_process_group`).
 """
@@ -22,7 +24,7 @@ import os
 import os.path as osp
 
 from mmengine.config import Config, DictAction
-from mmengine.runner import Runner
+from mmengine.runner import FlexibleRunner, Runner
 
 from fused_optim.process_group import end_process_group
 
@@ -72,11 +74,11 @@ def build_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def main(argv: list[str] | None = None) -> Runner:
+def main(argv: list[str] | None = None) -> Runner | FlexibleRunner:
     args = parse_args(argv)
     cfg = build_config(args)
     prepare_cpu_ddp(cfg)
-    runner = Runner.from_cfg(cfg)
+    runner = (FlexibleRunner if cfg.get("strategy") else Runner).from_cfg(cfg)
     runner.train()
     return runner
 
