@@ -1,0 +1,107 @@
+"""``torch.distributed.checkpoint`` (DCP) of FSDP2 models with our optimizers
+(tests/workers/dcp_worker.py): ``get_optimizer_state_dict`` / ``set_optimizer_state_dict`` with
+``dcp.save`` / ``dcp.load``, saved on 2 gloo ranks after K steps, loaded into a fresh model and
+optimizer on 2 ranks and, resharded, on 4.
+
+* Same world size: the resumed run is the uninterrupted one bit for bit, params and every state
+  tensor (masters, bf16 moments, rounding keys), for every case: the same code on the same shards
+  from the same numbers. (LARS and FusedLAMB included: their numbers on DTensors need the
+  whole-tensor norms, but resuming reproduces whatever the uninterrupted run computed.)
+* 2 → 4 ranks: each shard of an elementwise update is the update of those elements of the whole
+  tensor (tests/distributed/test_sharded.py), so the run resumed on 4 ranks equals the same model
+  trained unsharded in one process bit for bit, and so the uninterrupted 2-rank run. Not the
+  cases whose numbers depend on the shards: the layer-wise ones until their norms are whole, and
+  stochastic rounding, whose random bits are drawn by each element's index in its shard (a
+  resharded run rounds with other bits: as unbiased, not the same numbers); for those the
+  resumed 4-rank run must still carry on the saved state (step counts, rounding keys).
+* 8-bit state refuses DTensors: asking an FSDP2 optimizer with it for a state dict (to save or
+  to load into) raises the error that says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from processes import run_ranks
+from utils import WORKERS
+
+WORKER = WORKERS / "dcp_worker.py"
+K = 3  # the worker's steps before and after the checkpoint
+SHARD_DEPENDENT = ("lars", "fused_lamb", "stochastic")  # cases whose numbers depend on the shards (see above)
+
+
+def launch(world: int, out: Path, phase: str) -> list[dict]:
+    run_ranks(WORKER, lambda r: (r, world, out, phase), world, out)
+    return [torch.load(out / f"{phase}{world}_rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The save run (2 ranks), then the resumed runs on 2 and on 4 ranks."""
+    out = tmp_path_factory.mktemp("dcp")
+    return {phase: launch(world, out, phase.rstrip("24")) for phase, world in
+            (("save2", 2), ("resume2", 2), ("resume4", 4))}
+
+
+def _no_errors(ranks: list[dict], phase: str) -> None:
+    for r, result in enumerate(ranks):
+        refused = result["errors"].pop("fused_adam/state_8bit", "")
+        assert "state_dtype='8bit' does not support sharded params" in refused, f"{phase} rank {r}: {refused!r}"
+        assert not result["errors"], f"{phase} rank {r}: " + "\n".join(f"{c}: {m}" for c, m in result["errors"].items())
+
+
+def _assert_equal(got: dict, expected: dict, what: str) -> None:
+    assert got.keys() == expected.keys(), f"{what}: {sorted(got)} != {sorted(expected)}"
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype, f"{what} {key}: {got[key].dtype} != {value.dtype}"
+        assert torch.equal(got[key], value), f"{what} {key} differs"
+
+
+@pytest.mark.slow
+def test_resume_same_world_size_is_exact(runs):
+    _no_errors(runs["save2"], "save")
+    _no_errors(runs["resume2"], "resume")
+    for r, (saved, resumed) in enumerate(zip(runs["save2"], runs["resume2"])):
+        assert saved["runs"].keys() == resumed["runs"].keys()
+        for case, expected in saved["runs"].items():
+            got = resumed["runs"][case]
+            assert got["implementation"] == "fused", f"{case}: stepped by {got['implementation']}"
+            _assert_equal(got["params"], expected["params"], f"rank {r}, {case}: param")
+            for fqn, state in expected["state"].items():
+                _assert_equal(got["state"][fqn], state, f"rank {r}, {case}: state of {fqn}")
+
+
+@pytest.mark.slow
+def test_resume_on_four_ranks_reshards(runs):
+    _no_errors(runs["resume4"], "resume on 4 ranks")
+    saved = runs["save2"][0]
+    for r, resumed in enumerate(runs["resume4"]):
+        for case, expected in saved["runs"].items():
+            got = resumed["runs"][case]
+            what = f"rank {r} of 4, {case}"
+            assert got["implementation"] == "fused", f"{what}: stepped by {got['implementation']}"
+            for fqn, state in expected["state"].items():  # counters go on from the checkpoint
+                assert got["state"][fqn].keys() == state.keys(), f"{what}: state keys of {fqn}"
+                for key in ("step", "rounding_key"):  # (SGD's state has neither; Adam's no key)
+                    if key in state:
+                        assert torch.equal(got["state"][fqn][key], state[key]), f"{what}: {key} of {fqn}"
+            if any(word in case for word in SHARD_DEPENDENT):
+                continue
+            _assert_equal(got["params"], saved["whole"][case], f"{what}: param (against the unsharded run)")
+            _assert_equal(got["params"], expected["params"], f"{what}: param (against the 2-rank run)")
+            for fqn, state in expected["state"].items():
+                _assert_equal(got["state"][fqn], state, f"{what}: state of {fqn}")
+
+
+@pytest.mark.slow
+def test_elementwise_sharded_runs_are_the_unsharded_run(runs):
+    """The premise of the resharding check: on 2 ranks, the uninterrupted elementwise runs equal
+    the unsharded ones (else equality after resharding would prove nothing about the load)."""
+    saved = runs["save2"][0]
+    checked = [case for case in saved["runs"] if not any(word in case for word in SHARD_DEPENDENT)]
+    assert len(checked) >= 6
+    for case in checked:
+        _assert_equal(saved["runs"][case]["params"], saved["whole"][case], f"{case}: param")

@@ -1,0 +1,159 @@
+"""Subprocess side of tests/distributed/test_dcp.py: one gloo rank saving or resuming a
+``torch.distributed.checkpoint`` (DCP) checkpoint of an FSDP2 model and our optimizer.
+
+    dcp_worker.py RANK WORLD OUT_DIR save      (2 ranks: K steps, save, K more steps)
+    dcp_worker.py RANK WORLD OUT_DIR resume    (any world size: a fresh model and optimizer, load, K steps)
+
+Every case trains a 2-layer MLP under ``fully_shard`` (each Linear and the whole model) on the
+same batches on every rank (FSDP2 averages equal grads to themselves exactly), with state dicts
+from ``get_model_state_dict`` / ``get_optimizer_state_dict`` and ``set_*``, saved and loaded by
+``dcp.save`` / ``dcp.load`` in OUT_DIR/ckpt/<case>. The resumed model starts from other values
+(another seed), so only a load that restores everything gives the saved run's numbers.
+
+Saved to OUT_DIR/<phase><world>_rank<r>.pt for the test to judge: ``{"runs": {case: {"params":
+{fqn: whole tensor}, "state": {fqn: {key: whole tensor}}, "implementation"}}, "whole": {case:
+{fqn: tensor}} (save only: the same model unsharded in one process, 2·K steps), "errors": {case:
+message}}`` (DTensors made whole with ``full_tensor()``; a case that raises is saved as its message).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+import fused_optim
+from fused_optim.process_group import end_process_group, init_process_group
+
+TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
+K = 3  # steps before the checkpoint, and after it
+BF16 = torch.bfloat16
+# case: (registered name, options, param dtype, flatten_optimizer_state_dict). Every state format
+# a sharded param may hold: moments, masters, bf16 moments, rounding keys of the state and of params.
+CASES = {
+    "fused_adam": ("fused_adam", dict(weight_decay=1e-2, amsgrad=True), torch.float32, False),
+    "cpu_adam": ("cpu_adam", dict(weight_decay=1e-2), torch.float32, False),
+    "fused_sgd": ("fused_sgd", dict(momentum=0.9, weight_decay=1e-2), torch.float32, False),
+    "sign_sgd": ("sign_sgd", dict(momentum=0.9), torch.float32, False),
+    "fused_adam/master_weights": ("fused_adam", dict(master_weights=True), BF16, False),
+    "fused_adam/state_bf16": ("fused_adam", dict(state_dtype=BF16), torch.float32, False),
+    "fused_adam/state_bf16_stochastic": ("fused_adam", dict(state_dtype=BF16, state_rounding="stochastic"),
+                                         torch.float32, False),
+    "fused_sgd/stochastic_params": ("fused_sgd", dict(momentum=0.9, stochastic_rounding=True), BF16, False),
+    "fused_adam/master_weights_bf16_stochastic/flat": ("fused_adam", dict(master_weights=True, state_dtype=BF16,
+                                                                     state_rounding="stochastic"), BF16, True),
+    "lars": ("lars", dict(momentum=0.9, weight_decay=1e-2), torch.float32, False),
+    "fused_lamb": ("fused_lamb", dict(weight_decay=1e-2, max_grad_norm=1.0), torch.float32, False),
+}
+
+
+def batch(step: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(8, 6, generator=torch.Generator().manual_seed(100 + step)).to(dtype)
+
+
+def make_model(seed: int, dtype: torch.dtype, mesh=None) -> torch.nn.Module:
+    """The MLP (values from ``seed``), under ``fully_shard`` on ``mesh`` when one is given."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3)).to(dtype)
+    if mesh is not None:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    return model
+
+
+def train(model, opt, steps: range, dtype: torch.dtype) -> None:
+    for k in steps:
+        opt.zero_grad()
+        model(batch(k, dtype)).float().square().mean().backward()
+        opt.step()
+
+
+def whole(t):
+    return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
+
+
+def record(model, opt) -> dict:
+    """Params and optimizer state, whole tensors by FQN."""
+    named = dict(model.named_parameters())
+    return {"params": {n: whole(p) for n, p in named.items()},
+            "state": {n: {k: whole(v) for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
+                      for n, p in named.items()},
+            "implementation": opt.implementation}
+
+
+def state_dicts(model, opt, flat: bool) -> dict:
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
+
+
+def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
+    """K steps, the checkpoint, K more steps (the uninterrupted run); and the same 2·K steps unsharded."""
+    name, options, dtype, flat = CASES[case]
+    model = make_model(0, dtype, mesh)
+    opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **options)
+    train(model, opt, range(K), dtype)
+    dcp.save(state_dicts(model, opt, flat), checkpoint_id=ckpt)
+    train(model, opt, range(K, 2 * K), dtype)
+    plain = make_model(0, dtype)
+    plain_opt = fused_optim.create_optimizer(name, plain.parameters(), lr=1e-2, **options)
+    train(plain, plain_opt, range(2 * K), dtype)
+    return record(model, opt), record(plain, plain_opt)["params"]
+
+
+def resume_case(case: str, mesh, ckpt: Path) -> dict:
+    """A fresh model (other values) and optimizer, the checkpoint loaded into them, K steps."""
+    name, options, dtype, flat = CASES[case]
+    model = make_model(1, dtype, mesh)
+    opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **options)
+    loaded = state_dicts(model, opt, flat)
+    dcp.load(loaded, checkpoint_id=ckpt)
+    set_model_state_dict(model, loaded["model"])
+    set_optimizer_state_dict(model, opt, loaded["optim"], options=StateDictOptions(flatten_optimizer_state_dict=flat))
+    train(model, opt, range(K, 2 * K), dtype)
+    return record(model, opt)
+
+
+def refused_8bit(mesh) -> None:
+    """An FSDP2 optimizer with 8-bit state asked for its state dict (by save or load): raises."""
+    model = make_model(1, torch.float32, mesh)
+    opt = fused_optim.create_optimizer("fused_adam", model.parameters(), lr=1e-2, state_dtype="8bit")
+    get_optimizer_state_dict(model, opt)
+
+
+def main(rank: int, world: int, out_dir: str, phase: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group("gloo", init_method=f"file://{out_dir}/store_{phase}{world}", rank=rank, world_size=world,
+                       timeout=TIMEOUT)
+    mesh = init_device_mesh("cpu", (world,))
+    result = {"runs": {}, "whole": {}, "errors": {}}
+    for case in CASES:
+        ckpt = Path(out_dir) / "ckpt" / case.replace("/", "-")
+        try:
+            if phase == "save":
+                result["runs"][case], result["whole"][case] = save_case(case, mesh, ckpt)
+            else:
+                result["runs"][case] = resume_case(case, mesh, ckpt)
+        except Exception as exc:  # noqa: BLE001 (saved for the test, which says what was expected)
+            result["errors"][case] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
+    try:
+        refused_8bit(mesh)
+    except Exception as exc:  # noqa: BLE001
+        result["errors"]["fused_adam/state_8bit"] = f"{type(exc).__name__}: {exc}"
+    torch.save(result, Path(out_dir) / f"{phase}{world}_rank{rank}.pt")
+    end_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
