@@ -4,8 +4,7 @@
     dcp_worker.py RANK WORLD OUT_DIR save      (2 ranks: K steps, save, K more steps)
     dcp_worker.py RANK WORLD OUT_DIR resume    (any world size: a fresh model and optimizer, load, K steps)
 
-Every case trains a 2-layer MLP under ``fully_shard`` (each Linear and the whole model) on the
-same batches on every rank (FSDP2 averages equal grads to themselves exactly), with state dicts
+Every case trains the MLP of tests/fsdp2_mlp.py under ``fully_shard``, with state dicts
 from ``get_model_state_dict`` / ``get_optimizer_state_dict`` and ``set_*``, saved and loaded by
 ``dcp.save`` / ``dcp.load`` in OUT_DIR/ckpt/<case> (a full state dict: rank 0's ``torch.save``,
 OUT_DIR/ckpt/<case>.pt). The resumed model starts from other values (another seed), so only a
@@ -19,6 +18,7 @@ message}}`` (DTensors made whole with ``full_tensor()``; a case that raises is s
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from datetime import timedelta
@@ -31,11 +31,12 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
 import fused_optim
 from fused_optim.process_group import end_process_group, init_process_group
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: fsdp2_mlp
+from fsdp2_mlp import make_mlp, record, train  # noqa: E402
 
 TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
 K = 3  # steps before the checkpoint, and after it
@@ -61,42 +62,6 @@ CASES = {
     "lars": ("lars", dict(momentum=0.9, weight_decay=1e-2), torch.float32, "sharded"),
     "fused_lamb": ("fused_lamb", dict(weight_decay=1e-2, max_grad_norm=1.0), torch.float32, "sharded"),
 }
-
-
-def batch(step: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(8, 6, generator=torch.Generator().manual_seed(100 + step)).to(dtype)
-
-
-def make_model(seed: int, dtype: torch.dtype, mesh=None) -> torch.nn.Module:
-    """The MLP (values from ``seed``), under ``fully_shard`` on ``mesh`` when one is given."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3)).to(dtype)
-    if mesh is not None:
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-    return model
-
-
-def train(model, opt, steps: range, dtype: torch.dtype) -> None:
-    for k in steps:
-        opt.zero_grad()
-        model(batch(k, dtype)).float().square().mean().backward()
-        opt.step()
-
-
-def whole(t):
-    return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
-
-
-def record(model, opt) -> dict:
-    """Params and optimizer state, whole tensors by FQN."""
-    named = dict(model.named_parameters())
-    return {"params": {n: whole(p) for n, p in named.items()},
-            "state": {n: {k: whole(v) for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
-                      for n, p in named.items()},
-            "implementation": opt.implementation}
 
 
 def options(kind: str, loading: bool = False) -> StateDictOptions:
@@ -137,13 +102,13 @@ def load(model, opt, kind: str, ckpt: Path) -> None:
 def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
     """K steps, the checkpoint, K more steps (the uninterrupted run); and the same 2·K steps unsharded."""
     name, kwargs, dtype, kind = CASES[case]
-    model = make_model(0, dtype, mesh)
+    model = make_mlp(0, dtype, mesh)
     opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **kwargs)
     train(model, opt, range(K), dtype)
     save(model, opt, kind, ckpt)
     dist.barrier()  # (a full state dict: rank 0 wrote it before any rank resumes)
     train(model, opt, range(K, 2 * K), dtype)
-    plain = make_model(0, dtype)
+    plain = make_mlp(0, dtype)
     plain_opt = fused_optim.create_optimizer(name, plain.parameters(), lr=1e-2, **kwargs)
     train(plain, plain_opt, range(2 * K), dtype)
     return record(model, opt), record(plain, plain_opt)["params"]
@@ -152,7 +117,7 @@ def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
 def resume_case(case: str, mesh, ckpt: Path) -> dict:
     """A fresh model (other values) and optimizer, the checkpoint loaded into them, K steps."""
     name, kwargs, dtype, kind = CASES[case]
-    model = make_model(1, dtype, mesh)
+    model = make_mlp(1, dtype, mesh)
     opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **kwargs)
     load(model, opt, kind, ckpt)
     train(model, opt, range(K, 2 * K), dtype)
@@ -161,7 +126,7 @@ def resume_case(case: str, mesh, ckpt: Path) -> dict:
 
 def refused_8bit(mesh) -> None:
     """An FSDP2 optimizer with 8-bit state asked for its state dict (by save or load): raises."""
-    model = make_model(1, torch.float32, mesh)
+    model = make_mlp(1, torch.float32, mesh)
     opt = fused_optim.create_optimizer("fused_adam", model.parameters(), lr=1e-2, state_dtype="8bit")
     get_optimizer_state_dict(model, opt)
 
