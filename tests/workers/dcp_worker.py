@@ -13,7 +13,8 @@ load that restores everything gives the saved run's numbers.
 Saved to OUT_DIR/<phase><world>_rank<r>.pt for the test to judge: ``{"runs": {case: {"params":
 {fqn: whole tensor}, "state": {fqn: {key: whole tensor}}, "implementation"}}, "whole": {case:
 {fqn: tensor}} (save only: the same model unsharded in one process, 2·K steps), "errors": {case:
-message}}`` (DTensors made whole with ``full_tensor()``; a case that raises is saved as its message).
+message}, "refused": {case: message} (resume only: :func:`refusals`)}`` (DTensors made whole with
+``full_tensor()``; a case that raises is saved as its message).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
@@ -124,11 +126,47 @@ def resume_case(case: str, mesh, ckpt: Path) -> dict:
     return record(model, opt)
 
 
-def refused_8bit(mesh) -> None:
-    """An FSDP2 optimizer with 8-bit state asked for its state dict (by save or load): raises."""
-    model = make_mlp(1, torch.float32, mesh)
+def save_8bit_unsharded(ckpt: Path) -> None:
+    """A checkpoint of 8-bit state of the MLP unsharded (the same on every rank, as under DDP):
+    ``dcp.save`` in ``ckpt``, and rank 0's ``torch.save`` of the same state dict in ``ckpt``.pt."""
+    model = make_mlp(0, torch.float32)
     opt = fused_optim.create_optimizer("fused_adam", model.parameters(), lr=1e-2, state_dtype="8bit")
-    get_optimizer_state_dict(model, opt)
+    train(model, opt, range(K), torch.float32)
+    state = {"optim": get_optimizer_state_dict(model, opt)}
+    dcp.save(state, checkpoint_id=ckpt)
+    if dist.get_rank() == 0:
+        torch.save(state, ckpt.with_suffix(".pt"))
+
+
+def refusals(mesh, ckpt: Path) -> dict[str, str]:
+    """What 8-bit state does with FSDP2 (case: message): an optimizer with it asked for its state
+    dict (to save or to load into); the unsharded 8-bit checkpoint loaded by ``dcp.load``, and
+    as a full state dict, into an FSDP2 optimizer with bf16 state."""
+    def sharded_opt(state_dtype):
+        model = make_mlp(1, torch.float32, mesh)
+        return model, fused_optim.create_optimizer("fused_adam", model.parameters(), lr=1e-2, state_dtype=state_dtype)
+
+    def state_dict_of_8bit():
+        get_optimizer_state_dict(*sharded_opt("8bit"))
+
+    def dcp_load():
+        model, opt = sharded_opt(torch.bfloat16)
+        dcp.load({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=ckpt)
+
+    def full_load():
+        model, opt = sharded_opt(torch.bfloat16)
+        full = torch.load(ckpt.with_suffix(".pt"), weights_only=True)["optim"]
+        set_optimizer_state_dict(model, opt, full, options=StateDictOptions(full_state_dict=True))
+
+    messages = {}
+    for case, attempt in (("8bit/state_dict", state_dict_of_8bit), ("8bit/dcp.load", dcp_load),
+                          ("8bit/full_state_dict", full_load)):
+        try:
+            attempt()
+            messages[case] = "nothing raised"
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 (DCP's is a BaseException; for the test)
+            messages[case] = f"{type(exc).__name__}: {exc}"
+    return messages
 
 
 def main(rank: int, world: int, out_dir: str, phase: str) -> None:
@@ -146,10 +184,10 @@ def main(rank: int, world: int, out_dir: str, phase: str) -> None:
                 result["runs"][case] = resume_case(case, mesh, ckpt)
         except Exception as exc:  # noqa: BLE001 (saved for the test, which says what was expected)
             result["errors"][case] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
-    try:
-        refused_8bit(mesh)
-    except Exception as exc:  # noqa: BLE001
-        result["errors"]["fused_adam/state_8bit"] = f"{type(exc).__name__}: {exc}"
+    if phase == "save":
+        save_8bit_unsharded(Path(out_dir) / "ckpt" / "8bit-unsharded")
+    else:
+        result["refused"] = refusals(mesh, Path(out_dir) / "ckpt" / "8bit-unsharded")
     torch.save(result, Path(out_dir) / f"{phase}{world}_rank{rank}.pt")
     end_process_group()
 
