@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
             label, shapes = shapes_of(size, mode, memory, deepspeed)
             for threads in args.threads:
                 rows += bench(mode, label, shapes, threads, args.repeats, deepspeed)
-    cpu = f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, medians."
+    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
+           "medians.")
     print("\n".join(markdown(rows, deepspeed, note, cpu)))
 
 

@@ -42,7 +42,8 @@ def test_offloaded_params_step_fused_as_resident_ones(ranks):
         assert len(result["runs"]) == 8
         for case, run in result["runs"].items():
             what = f"rank {r}, {case}"
-            assert run["offloaded"]["implementation"] == "fused", f"{what}: stepped by {run['offloaded']['implementation']}"
+            stepped_by = run["offloaded"]["implementation"]
+            assert stepped_by == "fused", f"{what}: stepped by {stepped_by}"
             assert not run["warnings"], f"{what} warned: {run['warnings']}"
             assert run["devices"] == ["cpu"], f"{what}: offloaded tensors on {run['devices']}"
             assert run["dtensor_state"], f"{what}: state of offloaded params is not sharded like them"

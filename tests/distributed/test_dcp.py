@@ -5,7 +5,9 @@ optimizer on 2 ranks and, resharded, on 4.
 
 * Same world size: the resumed run is the uninterrupted one bit for bit, params and every state
   tensor (masters, bf16 moments, rounding keys), for every case: the same code on the same shards
-  from the same numbers. (LARS and FusedLAMB included: their numbers on DTensors need the
+  from the same numbers. Also where the resumed optimizer keeps its moments in another format
+  than the saved one (bf16 ↔ fp32): the uninterrupted run then goes on with such an optimizer
+  given the state by a plain ``load_state_dict``. (LARS and FusedLAMB included: their numbers on DTensors need the
   whole-tensor norms, but resuming reproduces whatever the uninterrupted run computed.)
 * 2 → 4 ranks: each shard of an elementwise update is the update of those elements of the whole
   tensor (tests/distributed/test_sharded.py), so the run resumed on 4 ranks equals the same model
@@ -110,11 +112,21 @@ def test_8bit_state_is_refused_for_sharded_params(runs, phase):
 
 
 @pytest.mark.slow
+def test_a_group_option_the_checkpoint_lacks_is_refused_by_dcp(runs):
+    """``dcp.load`` loads every key of the state dict it fills, the groups' options included: an
+    optimizer made with ``state_dtype`` does not load a checkpoint whose groups had none (ours
+    hold the key only when set). The documented way: make it as saved, set the option after."""
+    for r, result in enumerate(runs["resume2"]):
+        message = result["refused"]["state_dtype/dcp.load"]
+        assert "Missing key in checkpoint state_dict: optim.param_groups.0.state_dtype" in message, (r, message)
+
+
+@pytest.mark.slow
 def test_elementwise_sharded_runs_are_the_unsharded_run(runs):
     """The premise of the resharding check: on 2 ranks, the uninterrupted elementwise runs equal
     the unsharded ones (else equality after resharding would prove nothing about the load)."""
     saved = runs["save2"][0]
     checked = [case for case in saved["runs"] if not any(word in case for word in SHARD_DEPENDENT)]
-    assert len(checked) >= 6
+    assert len(checked) >= 8
     for case in checked:
         _assert_equal(saved["runs"][case]["params"], saved["whole"][case], f"{case}: param")

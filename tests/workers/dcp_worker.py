@@ -61,9 +61,32 @@ CASES = {
                                                                      state_rounding="stochastic"), BF16, "flat"),
     "fused_adam/master_weights_state_bf16/full": ("fused_adam", dict(master_weights=True, state_dtype=BF16), BF16,
                                                   "full"),
+    "fused_adam/state_bf16_then_fp32": ("fused_adam", dict(state_dtype=BF16), torch.float32, "sharded"),
+    "fused_adam/fp32_then_state_bf16": ("fused_adam", dict(), torch.float32, "sharded"),
     "lars": ("lars", dict(momentum=0.9, weight_decay=1e-2), torch.float32, "sharded"),
     "fused_lamb": ("fused_lamb", dict(weight_decay=1e-2, max_grad_norm=1.0), torch.float32, "sharded"),
 }
+
+# Cases that go on after the checkpoint with other state options, whose first step converts the
+# saved moments: resumed by an optimizer made with other options (LOADED_INTO: the loading
+# optimizer's format applies), or by one made as saved whose groups are given the options after
+# the load (SET_AFTER: an optimizer made with a state_dtype the checkpoint's groups lack is
+# refused by dcp.load, which wants every key of the groups it loads into; see refusals).
+LOADED_INTO = {"fused_adam/state_bf16_then_fp32": dict()}
+SET_AFTER = {"fused_adam/fp32_then_state_bf16": dict(state_dtype=BF16)}
+
+
+def after_checkpoint(case: str, model, opt):
+    """The optimizer the uninterrupted run goes on with: ``opt``; for a case of LOADED_INTO a new
+    one with those options given ``opt``'s state by ``load_state_dict``; for one of SET_AFTER
+    ``opt`` with those options set on its groups."""
+    if case in LOADED_INTO:
+        other = fused_optim.create_optimizer(CASES[case][0], model.parameters(), lr=1e-2, **LOADED_INTO[case])
+        other.load_state_dict(opt.state_dict())
+        return other
+    for group in opt.param_groups:
+        group.update(SET_AFTER.get(case, {}))
+    return opt
 
 
 def options(kind: str, loading: bool = False) -> StateDictOptions:
@@ -109,10 +132,13 @@ def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
     train(model, opt, range(K), dtype)
     save(model, opt, kind, ckpt)
     dist.barrier()  # (a full state dict: rank 0 wrote it before any rank resumes)
+    opt = after_checkpoint(case, model, opt)
     train(model, opt, range(K, 2 * K), dtype)
     plain = make_mlp(0, dtype)
     plain_opt = fused_optim.create_optimizer(name, plain.parameters(), lr=1e-2, **kwargs)
-    train(plain, plain_opt, range(2 * K), dtype)
+    train(plain, plain_opt, range(K), dtype)
+    plain_opt = after_checkpoint(case, plain, plain_opt)
+    train(plain, plain_opt, range(K, 2 * K), dtype)
     return record(model, opt), record(plain, plain_opt)["params"]
 
 
@@ -120,8 +146,10 @@ def resume_case(case: str, mesh, ckpt: Path) -> dict:
     """A fresh model (other values) and optimizer, the checkpoint loaded into them, K steps."""
     name, kwargs, dtype, kind = CASES[case]
     model = make_mlp(1, dtype, mesh)
-    opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **kwargs)
+    opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **LOADED_INTO.get(case, kwargs))
     load(model, opt, kind, ckpt)
+    for group in opt.param_groups:
+        group.update(SET_AFTER.get(case, {}))
     train(model, opt, range(K, 2 * K), dtype)
     return record(model, opt)
 
@@ -138,10 +166,13 @@ def save_8bit_unsharded(ckpt: Path) -> None:
         torch.save(state, ckpt.with_suffix(".pt"))
 
 
-def refusals(mesh, ckpt: Path) -> dict[str, str]:
-    """What 8-bit state does with FSDP2 (case: message): an optimizer with it asked for its state
-    dict (to save or to load into); the unsharded 8-bit checkpoint loaded by ``dcp.load``, and
-    as a full state dict, into an FSDP2 optimizer with bf16 state."""
+def refusals(mesh, ckpts: Path) -> dict[str, str]:
+    """What is refused (case: message): an FSDP2 optimizer with 8-bit state asked for its state
+    dict (to save or to load into); the unsharded 8-bit checkpoint loaded by ``dcp.load``, and as
+    a full state dict, into an FSDP2 optimizer with bf16 state; a checkpoint of fp32 state loaded
+    by ``dcp.load`` into an optimizer made with ``state_dtype`` (its groups' key is not saved)."""
+    ckpt = ckpts / "8bit-unsharded"
+
     def sharded_opt(state_dtype):
         model = make_mlp(1, torch.float32, mesh)
         return model, fused_optim.create_optimizer("fused_adam", model.parameters(), lr=1e-2, state_dtype=state_dtype)
@@ -158,9 +189,14 @@ def refusals(mesh, ckpt: Path) -> dict[str, str]:
         full = torch.load(ckpt.with_suffix(".pt"), weights_only=True)["optim"]
         set_optimizer_state_dict(model, opt, full, options=StateDictOptions(full_state_dict=True))
 
+    def group_key_missing():
+        model, opt = sharded_opt(torch.bfloat16)
+        saved_without = ckpts / "fused_adam-fp32_then_state_bf16"
+        dcp.load({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=saved_without)
+
     messages = {}
     for case, attempt in (("8bit/state_dict", state_dict_of_8bit), ("8bit/dcp.load", dcp_load),
-                          ("8bit/full_state_dict", full_load)):
+                          ("8bit/full_state_dict", full_load), ("state_dtype/dcp.load", group_key_missing)):
         try:
             attempt()
             messages[case] = "nothing raised"
@@ -187,7 +223,7 @@ def main(rank: int, world: int, out_dir: str, phase: str) -> None:
     if phase == "save":
         save_8bit_unsharded(Path(out_dir) / "ckpt" / "8bit-unsharded")
     else:
-        result["refused"] = refusals(mesh, Path(out_dir) / "ckpt" / "8bit-unsharded")
+        result["refused"] = refusals(mesh, Path(out_dir) / "ckpt")
     torch.save(result, Path(out_dir) / f"{phase}{world}_rank{rank}.pt")
     end_process_group()
 
