@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy
 
 import fused_optim
 from fused_optim.process_group import end_process_group, init_process_group
@@ -63,10 +64,13 @@ CASES = {
                                                   "full"),
     "fused_adam/state_bf16_then_fp32": ("fused_adam", dict(state_dtype=BF16), torch.float32, "sharded"),
     "fused_adam/fp32_then_state_bf16": ("fused_adam", dict(), torch.float32, "sharded"),
+    "cpu_adam/cpu_offload": ("cpu_adam", dict(weight_decay=1e-2), torch.float32, "sharded"),
     "lars": ("lars", dict(momentum=0.9, weight_decay=1e-2), torch.float32, "sharded"),
     "fused_lamb": ("fused_lamb", dict(weight_decay=1e-2, max_grad_norm=1.0), torch.float32, "sharded"),
 }
 
+# Cases whose model is under FSDP2's CPUOffloadPolicy (pin_memory=False: no accelerator needed)
+OFFLOADED = {"cpu_adam/cpu_offload"}
 # Cases that go on after the checkpoint with other state options, whose first step converts the
 # saved moments: resumed by an optimizer made with other options (LOADED_INTO: the loading
 # optimizer's format applies), or by one made as saved whose groups are given the options after
@@ -74,6 +78,10 @@ CASES = {
 # refused by dcp.load, which wants every key of the groups it loads into; see refusals).
 LOADED_INTO = {"fused_adam/state_bf16_then_fp32": dict()}
 SET_AFTER = {"fused_adam/fp32_then_state_bf16": dict(state_dtype=BF16)}
+
+
+def shard_options(case: str) -> dict:
+    return dict(offload_policy=CPUOffloadPolicy(pin_memory=False)) if case in OFFLOADED else {}
 
 
 def after_checkpoint(case: str, model, opt):
@@ -127,7 +135,7 @@ def load(model, opt, kind: str, ckpt: Path) -> None:
 def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
     """K steps, the checkpoint, K more steps (the uninterrupted run); and the same 2·K steps unsharded."""
     name, kwargs, dtype, kind = CASES[case]
-    model = make_mlp(0, dtype, mesh)
+    model = make_mlp(0, dtype, mesh, **shard_options(case))
     opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **kwargs)
     train(model, opt, range(K), dtype)
     save(model, opt, kind, ckpt)
@@ -145,7 +153,7 @@ def save_case(case: str, mesh, ckpt: Path) -> tuple[dict, dict]:
 def resume_case(case: str, mesh, ckpt: Path) -> dict:
     """A fresh model (other values) and optimizer, the checkpoint loaded into them, K steps."""
     name, kwargs, dtype, kind = CASES[case]
-    model = make_mlp(1, dtype, mesh)
+    model = make_mlp(1, dtype, mesh, **shard_options(case))
     opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **LOADED_INTO.get(case, kwargs))
     load(model, opt, kind, ckpt)
     for group in opt.param_groups:
