@@ -5,17 +5,18 @@ optimizer on 2 ranks and, resharded, on 4.
 
 * Same world size: the resumed run is the uninterrupted one bit for bit, params and every state
   tensor (masters, bf16 moments, rounding keys), for every case: the same code on the same shards
-  from the same numbers. Also where the resumed optimizer keeps its moments in another format
-  than the saved one (bf16 ↔ fp32): the uninterrupted run then goes on with such an optimizer
-  given the state by a plain ``load_state_dict``. (LARS and FusedLAMB included: their numbers on DTensors need the
-  whole-tensor norms, but resuming reproduces whatever the uninterrupted run computed.)
+  from the same numbers, LARS and FusedLAMB included. Also where the resumed optimizer keeps its
+  moments in another format than the saved one (bf16 ↔ fp32): the uninterrupted run then goes on
+  with such an optimizer given the state by a plain ``load_state_dict``.
 * 2 → 4 ranks: each shard of an elementwise update is the update of those elements of the whole
   tensor (tests/distributed/test_sharded.py), so the run resumed on 4 ranks equals the same model
   trained unsharded in one process bit for bit, and so the uninterrupted 2-rank run. Not the
-  cases whose numbers depend on the shards: the layer-wise ones until their norms are whole, and
-  stochastic rounding, whose random bits are drawn by each element's index in its shard (a
-  resharded run rounds with other bits: as unbiased, not the same numbers); for those the
-  resumed 4-rank run must still carry on the saved state (step counts, rounding keys).
+  cases whose numbers depend on the shards, for which the resumed 4-rank run must still carry on
+  the saved state (step counts, rounding keys): stochastic rounding, whose random bits are drawn
+  by each element's index in its shard (a resharded run rounds with other bits: as unbiased, not
+  the same numbers), and LARS and FusedLAMB, whose norms of the whole tensors are summed from the
+  shards (another order of float64 sums): those equal the unsharded run within a derived
+  tolerance, on 2 ranks and resumed on 4.
 * 8-bit state refuses DTensors: asking an FSDP2 optimizer with it for a state dict (to save or
   to load into) raises the error that says so, and an 8-bit checkpoint of unsharded params is
   refused at load.
@@ -33,7 +34,13 @@ from utils import WORKERS
 
 WORKER = WORKERS / "dcp_worker.py"
 K = 3  # the worker's steps before and after the checkpoint
-SHARD_DEPENDENT = ("lars", "fused_lamb", "stochastic")  # cases whose numbers depend on the shards (see above)
+LAYERWISE = ("lars", "fused_lamb")
+SHARD_DEPENDENT = (*LAYERWISE, "stochastic")  # cases whose numbers depend on the shards (see above)
+# LARS and FusedLAMB sharded against unsharded (tests/distributed/test_sharded.py derives it): per
+# step one rounding of the fp32 update lr·r·u (2⁻²⁴·lr·|u| ≤ 2⁻²⁴·0.1) and one ulp of the param
+# where a product rounds the other way (2⁻²³·|p|, |p| ≤ 1 in this MLP), over the 2·K steps; the
+# params' differences feed back through the grads scaled by lr = 1e-2, far below that.
+LAYERWISE_TOL = dict(rtol=0.0, atol=2 * K * (2**-24 * 0.1 + 2**-23 * 1))
 
 
 def launch(world: int, out: Path, phase: str) -> list[dict]:
@@ -130,3 +137,16 @@ def test_elementwise_sharded_runs_are_the_unsharded_run(runs):
     assert len(checked) >= 8
     for case in checked:
         _assert_equal(saved["runs"][case]["params"], saved["whole"][case], f"{case}: param")
+
+
+@pytest.mark.slow
+def test_layerwise_runs_are_the_unsharded_run_within_rounding(runs):
+    """LARS and FusedLAMB take the norms of the whole tensors (summed from the shards, the only
+    difference an order of float64 sums), so the run on 2 ranks and the one resumed on 4 are the
+    unsharded run to within LAYERWISE_TOL."""
+    saved = runs["save2"][0]
+    for case in LAYERWISE:
+        for what, run in (("2 ranks", saved["runs"][case]), ("resumed on 4 ranks", runs["resume4"][0]["runs"][case])):
+            for fqn, whole in saved["whole"][case].items():
+                torch.testing.assert_close(run["params"][fqn], whole, **LAYERWISE_TOL,
+                                           msg=lambda m: f"{case}, {what}, {fqn}: {m}")
