@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import state_formats
+from . import sharding, state_formats
 from ._ops import FUSED_DEVICE_TYPES
 from .spec import OpSpec
 
@@ -146,8 +146,10 @@ def check_loaded(state_dict: dict, groups: list[dict], keys: list[tuple[str, boo
     (group index, position) and the key: a ``step`` that is not a finite non-negative number
     (a damaged checkpoint: the update would turn the params non-finite), or 8-bit codes of a
     moment (``keys``) of another size than the param (of ``groups``, the loading optimizer's) or
-    without an absmax of one element per block of 256. Runs before anything is loaded, so a
-    refused state dict leaves the optimizer as it was."""
+    without an absmax of one element per block of 256, or 8-bit codes for a sharded (DTensor)
+    param: the absmax of a block of the whole tensor does not shard with it (a checkpoint of
+    unsharded params loaded into FSDP2's). Runs before anything is loaded, so a refused state dict
+    leaves the optimizer as it was."""
     saved = state_dict["state"]
     for gi, group in enumerate(state_dict["param_groups"]):
         params = groups[gi]["params"] if gi < len(groups) else []
@@ -161,6 +163,7 @@ def check_loaded(state_dict: dict, groups: list[dict], keys: list[tuple[str, boo
             for key, _ in keys:
                 codes = st.get(key)
                 if isinstance(codes, Tensor) and codes.dtype == torch.uint8:
+                    _check_unsharded(codes, params[i] if i < len(params) else None, key, where)
                     _check_codes(codes, params[i].numel() if i < len(params) else codes.numel(), key, where)
                     _check_absmax(st.get(state_formats.absmax_key(key)), codes, key, where)
 
@@ -176,6 +179,14 @@ def _check_step(step, where: str) -> None:
         raise ValueError(f"the loaded state of {where} has 'step' = {step!r}; a step count is a finite number >= 0 "
                          "(a damaged checkpoint?): load an intact checkpoint, or drop that param's state to "
                          "restart its moments")
+
+
+def _check_unsharded(codes: Tensor, param: Tensor | None, key: str, where: str) -> None:
+    if sharding.is_dtensor(codes) or sharding.is_dtensor(param):
+        raise ValueError(f"the loaded state of {where} has 8-bit {key!r}, but the param is sharded (a DTensor): "
+                         "8-bit state cannot be loaded into sharded params (its per-block absmax does not shard "
+                         "with the param); load it into the unsharded model, or resume the sharded one from a "
+                         "checkpoint saved with state_dtype=torch.bfloat16 or None")
 
 
 def _check_codes(codes: Tensor, numel: int, key: str, where: str) -> None:
