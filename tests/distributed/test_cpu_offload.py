@@ -11,7 +11,7 @@ that FSDP2's offload path (grads handed to the CPU after the reduce-scatter, par
 the compute device before the all-gather) gives our optimizers DTensors they step fused.
 
 ``CPUOffloadPolicy()`` pins its host memory by default, which needs an accelerator: on a machine
-without one ``fully_shard`` raises at once (docs/frameworks.md quotes the error), and
+without one ``fully_shard`` raises at once (docs/sharding.md quotes the error), and
 ``CPUOffloadPolicy(pin_memory=False)`` is the policy that runs.
 """
 
