@@ -1,0 +1,84 @@
+"""Lion == the update of Chen et al. 2023 as lion-pytorch computes it, bit for bit on the CPU; its
+defaults, checks and state."""
+
+import pytest
+import torch
+
+import fused_optim
+
+SHAPES = ((37,), (5, 7), (3000,))
+STEPS = 20
+
+
+def lion_pytorch_step(params, states, lr, betas, weight_decay):
+    """lion-pytorch's update (its ``update_fn``), in its order of operations: decay, the sign of
+    β1·m + (1 − β1)·g, then m ← β2·m + (1 − β2)·g."""
+    beta1, beta2 = betas
+    with torch.no_grad():
+        for p in params:
+            m = states.setdefault(p, torch.zeros_like(p))
+            p.mul_(1 - lr * weight_decay)
+            p.add_(m.clone().mul_(beta1).add(p.grad, alpha=1 - beta1).sign_(), alpha=-lr)
+            m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+
+
+def _params(dtype):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(shape, generator=gen, dtype=dtype).requires_grad_() for shape in SHAPES]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["kernel", "reference"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("kw", [dict(lr=1e-3), dict(lr=1e-2, betas=(0.8, 0.95), weight_decay=0.1)],
+                         ids=["defaults", "betas-wd"])
+def test_lion_follows_lion_pytorch(kw, dtype, fused):
+    """The kernel rounds as lion-pytorch does (β·m, then one fused multiply-add): equal bit for bit.
+    The reference rounds β·m and (1 − β)·g separately: its momentum is within 2 ulps a step, and its
+    params equal but where a direction's sign flips (none here: no direction is that close to 0)."""
+    ours, theirs = _params(dtype), _params(dtype)
+    opt = fused_optim.Lion(ours, fused=fused, **kw)
+    states = {}
+    full = dict(dict(betas=(0.9, 0.99), weight_decay=0.0), **kw)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, STEPS + 1):
+        for a, b in zip(ours, theirs):
+            a.grad = torch.randn(a.shape, generator=gen, dtype=dtype)
+            b.grad = a.grad.clone()
+        opt.step()
+        lion_pytorch_step(theirs, states, **full)
+        for a, b in zip(ours, theirs):
+            m_ours, m_theirs = opt.state[a]["exp_avg"], states[b]
+            if fused:
+                assert torch.equal(a, b) and torch.equal(m_ours, m_theirs)
+            else:
+                torch.testing.assert_close(a, b, rtol=2 * step * torch.finfo(dtype).eps, atol=0)
+                torch.testing.assert_close(m_ours, m_theirs, rtol=0, atol=2 * step * torch.finfo(dtype).eps * 5)
+    assert opt.implementation == ("fused" if fused else "reference")
+    assert set(opt.state[ours[0]]) == {"exp_avg"}
+
+
+def test_every_element_moves_by_lr_without_decay():
+    """|Δp| = lr wherever the direction is not 0: the sign, not the gradient's size."""
+    p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float64))
+    opt = fused_optim.Lion([p], lr=0.25)
+    p.grad = torch.randn(1000, dtype=torch.float64) * torch.logspace(-6, 6, 1000, dtype=torch.float64)
+    opt.step()
+    assert torch.equal(p.detach(), -0.25 * p.grad.sign())
+
+
+def test_the_defaults_are_lion_pytorchs():
+    opt = fused_optim.Lion([torch.nn.Parameter(torch.zeros(2))])
+    assert {k: opt.defaults[k] for k in ("lr", "betas", "weight_decay")} == dict(lr=1e-4, betas=(0.9, 0.99),
+                                                                                 weight_decay=0.0)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(lr=-1e-4), r"Invalid learning rate: -0\.0001"),
+    (dict(betas=(1.0, 0.99)), r"Invalid beta parameter at index 0: 1\.0"),
+    (dict(betas=(0.9, -0.1)), r"Invalid beta parameter at index 1: -0\.1"),
+    (dict(betas=0.9), r"Invalid betas: 0\.9"),
+    (dict(weight_decay=-1.0), r"Invalid weight_decay value: -1\.0"),
+])
+def test_bad_arguments_raise_by_name(kw, message):
+    with pytest.raises(ValueError, match=message):
+        fused_optim.Lion([torch.nn.Parameter(torch.zeros(2))], **kw)
