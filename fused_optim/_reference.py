@@ -249,7 +249,9 @@ def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, be
 
 def lion_(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay, lr_tensor=None, grad_scale=None,
           found_inf=None) -> None:
-    """Lion (see csrc/shared/lion_math.h): the sign of an interpolation of m and g, decoupled decay."""
+    """Lion (see csrc/shared/lion_math.h): the sign of an interpolation of m and g, decoupled decay.
+    β·m is rounded, then added to (1 − β)·g as lion-pytorch adds (``add`` with ``alpha``: one fused
+    multiply-add on the CPU), so that a direction within rounding of 0 takes the kernels' sign."""
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -258,11 +260,11 @@ def lion_(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay, lr_tensor=
         x = _opmath(p)
         g = _opmath(g_in).to(x.dtype) * mul
         m = _opmath(exp_avg)
-        c = beta1 * m + (1 - beta1) * g
+        c = (m * beta1).add(g, alpha=1 - beta1)
         if weight_decay != 0:
             x = x * (1 - lr * weight_decay)
         p.copy_(x - lr * c.sign())
-        exp_avg.copy_(beta2 * m + (1 - beta2) * g)
+        exp_avg.copy_((m * beta2).add(g, alpha=1 - beta2))
 
 
 def adagrad_(params, grads, sums, steps, *, lr, lr_decay, weight_decay, eps, maximize, lr_tensor=None,
