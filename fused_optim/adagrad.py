@@ -53,10 +53,12 @@ class Adagrad(TorchOptimizer, _AdagradUpdate):
         s ← s + g²                              (state "sum", initially initial_accumulator_value)
         p ← p − η / (1 + (t − 1)·lr_decay) · g / (√s + eps)
 
-    with torch's order of operations: in fp32 on the CPU the params and sums equal
-    torch.optim.Adagrad's bit for bit. State: ``step`` and ``sum``, made on a param's first step
-    (torch makes them in its constructor), so state dicts move between the two in both
-    directions. Sparse gradients are refused (torch's Adagrad takes them; use it for sparse
+    with torch's order of operations (g + λ·p and s + g² one fused multiply-add each): in fp32
+    on the CPU the sums equal torch.optim.Adagrad's bit for bit without weight decay; the params
+    agree within an ulp of p and two of η per step, because torch's fp32 CPU ``sqrt`` is not
+    correctly rounded (ours is IEEE on both devices). State: ``step`` and ``sum``, made on a
+    param's first step (torch makes them in its constructor), so state dicts move between the two
+    in both directions. Sparse gradients are refused (torch's Adagrad takes them; use it for sparse
     embeddings). See :mod:`.torch_optim` for ``foreach`` / ``fused`` / ``differentiable``;
     ``master_weights``, ``state_dtype``, ``state_rounding`` and ``stochastic_rounding`` are this
     package's (off by default): fp32 masters of fp16/bf16 params, bf16 or ``"8bit"`` sums
