@@ -11,6 +11,7 @@ The update rules are in docs/algorithms.md; the ``fused`` flag and the environme
 from . import _ops  # noqa: F401  (defines the op schemas)
 from . import testing  # noqa: F401  (fused_optim.testing.emulated_cuda)
 from ._build import build_error, cpu_description, is_available
+from .adagrad import Adagrad
 from .adam import FusedAdam
 from .adascale import AdaScale
 from .noise_scale import NoiseScale
@@ -18,6 +19,7 @@ from .colossal_adam import CPUAdam, HybridAdam
 from .fp16_optimizer import DynamicLossScaler, FP16Optimizer
 from .lamb import ColossalLamb, FusedLAMB, Lamb
 from .lars import LARS, ColossalLars, Lars
+from .lion import Lion
 from .norm import multi_tensor_l2norm, sum_squares_
 from .optimizer import FusedOptimizer
 from .registry import create_optimizer, list_optimizers
@@ -27,6 +29,7 @@ from .sparsified_sgd import SparsifiedSGD
 from .torch_optim import SGD, Adam, AdamW
 
 __all__ = [
+    "Adagrad",
     "Adam",
     "AdamW",
     "AdaScale",
@@ -43,6 +46,7 @@ __all__ = [
     "HybridAdam",
     "Lamb",  # = ColossalLamb (ColossalAI's class name)
     "Lars",  # = ColossalLars
+    "Lion",
     "NoiseScale",
     "SGD",
     "SignSGD",

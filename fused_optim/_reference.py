@@ -247,6 +247,44 @@ def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, be
           trust_ratio=not adam, trust_clip=False, settle=settle)
 
 
+def lion_(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay, lr_tensor=None, grad_scale=None,
+          found_inf=None) -> None:
+    """Lion (see csrc/shared/lion_math.h): the sign of an interpolation of m and g, decoupled decay.
+    β·m is rounded, then added to (1 − β)·g as lion-pytorch adds (``add`` with ``alpha``: one fused
+    multiply-add on the CPU), so that a direction within rounding of 0 takes the kernels' sign."""
+    if _skip(found_inf):
+        return
+    lr = _lr(lr, lr_tensor)
+    mul = _grad_multiplier(grad_scale, False)
+    for p, g_in, exp_avg in zip(params, grads, exp_avgs):
+        x = _opmath(p)
+        g = _opmath(g_in).to(x.dtype) * mul
+        m = _opmath(exp_avg)
+        c = (m * beta1).add(g, alpha=1 - beta1)
+        if weight_decay != 0:
+            x = x * (1 - lr * weight_decay)
+        p.copy_(x - lr * c.sign())
+        exp_avg.copy_((m * beta2).add(g, alpha=1 - beta2))
+
+
+def adagrad_(params, grads, sums, steps, *, lr, lr_decay, weight_decay, eps, maximize, lr_tensor=None,
+             grad_scale=None, found_inf=None) -> None:
+    """torch.optim.Adagrad (see csrc/shared/adagrad_math.h), per-param step counters."""
+    if _skip(found_inf):
+        return
+    lr = _lr(lr, lr_tensor)
+    mul = _grad_multiplier(grad_scale, maximize)
+    for i, (p, g_in) in enumerate(zip(params, grads)):
+        steps[i].add_(1)
+        clr = lr / (1 + (float(steps[i].item()) - 1) * lr_decay)
+        x = _opmath(p)
+        g = _opmath(g_in).to(x.dtype) * mul
+        if weight_decay != 0:
+            g = g + weight_decay * x
+        s = _opmath(sums[i]) + g * g
+        sums[i].copy_(s)
+        p.copy_(x - clr * g / (s.sqrt() + eps))
+
 def l2norm(tensors) -> tuple[Tensor, Tensor]:
     """(global norm, per-tensor norms), float32 (float64 when any input is float64)."""
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .adagrad import Adagrad
 from .adam import FusedAdam
 from .colossal_adam import CPUAdam, HybridAdam
 from .lamb import ColossalLamb, FusedLAMB
 from .lars import LARS, ColossalLars
+from .lion import Lion
 from .sgd import FusedSGD
 from .sign_sgd import SignSGD
 from .sparsified_sgd import SparsifiedSGD
@@ -107,6 +109,8 @@ for _spec in (
     OptimizerSpec("colossalai_lars", ColossalLars, {}, "ColossalAI's Lars (trust ratio on the lr, clamped)"),
     OptimizerSpec("sign_sgd", SignSGD, {}, "mlbench SignSGD (momentum before the sign)"),
     OptimizerSpec("sparsified_sgd", SparsifiedSGD, {}, "mlbench SparsifiedSGD (error feedback, k coordinates)"),
+    OptimizerSpec("lion", Lion, {}, "Lion (Chen et al. 2023) with lion-pytorch's defaults"),
+    OptimizerSpec("adagrad", Adagrad, {}, "torch.optim.Adagrad: its signature and defaults"),
 ):
     register(_spec)
 

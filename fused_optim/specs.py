@@ -112,4 +112,16 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False, bias_correction=True),
         compact=True, settles=True,
     ),
+    OpSpec(
+        "lion_", (StateList("exp_avgs", "exp_avg"),), (),
+        (_float("lr"), _beta(0, as_float=False), _beta(1, as_float=False), _float("weight_decay")),
+        _reference.lion_,
+        dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.1), compact=True,
+    ),
+    OpSpec(
+        "adagrad_", (StateList("sums", "sum", "nonnegative"), *_STEPS), (),
+        (_float("lr"), _float("lr_decay"), _float("weight_decay"), _float("eps"), _bool("maximize")),
+        _reference.adagrad_,
+        dict(lr=1e-2, lr_decay=0.1, weight_decay=0.01, eps=1e-10, maximize=False), compact=True,
+    ),
 )}

@@ -53,7 +53,7 @@ MODEL_WRAPPERS = _child(_root.MODEL_WRAPPERS)
 def register_bare(child: _root.Registry, name: str, obj) -> None:
     """Also register ``obj`` under its bare ``name`` in ``child``'s root registry (for configs that
     use ``custom_imports``), unless the name is taken — by another library (logged once, but for
-    torch.optim's SGD, Adam and AdamW; ours stays reachable as ``mmengine_optim.<name>``) — or is claimed later by DeepSpeedStrategy. A
+    torch.optim's SGD, Adam, AdamW and Adagrad; ours stays reachable as ``mmengine_optim.<name>``) — or is claimed later by DeepSpeedStrategy. A
     name held by an mmengine class that cannot work here (:data:`NEEDS`) becomes ours."""
     root = child.parent
     if root is _root.OPTIMIZERS and name in DEEPSPEED_NAMES and deepspeed_installed():
@@ -62,7 +62,7 @@ def register_bare(child: _root.Registry, name: str, obj) -> None:
     if taken is None or (taken is not obj and _cannot_work(root, name, taken)):
         root.register_module(name=name, module=obj, force=True)
     elif (getattr(taken, "entry", taken) != getattr(obj, "entry", obj) and (root.name, name) not in _reported
-          and not taken.__module__.startswith("torch.optim")):  # SGD, Adam, AdamW stay torch's, as documented
+          and not taken.__module__.startswith("torch.optim")):  # SGD, Adam, AdamW, Adagrad stay torch's, as documented
         _reported.add((root.name, name))
         print_log(f"{SCOPE}: the bare {root.name} name {name!r} belongs to {taken.__module__}.{taken.__qualname__}; "
                   f"use type='{SCOPE}.{name}' for ours", logger="current")

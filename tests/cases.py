@@ -169,4 +169,9 @@ ERROR_CASES = [
     (fused_optim.Lars, dict(momentum=-0.9), r"Invalid momentum value"),
     (fused_optim.SignSGD, dict(lr=0.1, momentum=0.9, dampening=0.5, nesterov=True), r"Invalid nesterov.*dampening = 0"),
     (fused_optim.SignSGD, dict(lr=-0.1), r"Invalid learning rate"),
+    (fused_optim.Lion, dict(lr=-1e-4), r"Invalid learning rate: -0\.0001"),
+    (fused_optim.Lion, dict(betas=(1.0, 0.99)), r"Invalid beta parameter at index 0: 1\.0"),
+    (fused_optim.Lion, dict(betas=(0.9, -0.1)), r"Invalid beta parameter at index 1: -0\.1"),
+    (fused_optim.Lion, dict(betas=0.9), r"Invalid betas: 0\.9 \(need \(beta1, beta2\)\)"),
+    (fused_optim.Lion, dict(weight_decay=-1.0), r"Invalid weight_decay value: -1\.0"),
 ]

@@ -395,6 +395,62 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   call.finish(found_inf);
 }
 
+void lion_call(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList master_params,
+               double lr, double beta1, double beta2, double weight_decay, const OptTensor& lr_tensor,
+               const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+  const char* op = "lion_";
+  if (params.empty()) return;
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  const UpdatedParams updated = checked_params(op, params, master_params);
+  const auto grads = checked_grads(op, params, grads_in);
+  const CompactCall call(op, updated, exp_avgs, compact, device);
+  check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  cuda::LionArgs a;
+  a.s = scalars.get();
+  call.set(a.s);
+  a.beta1 = beta1;
+  a.beta2 = beta2;
+  a.weight_decay = weight_decay;
+  const UpdateLists lists(op, updated, call.args());
+  auto g = pointers(grads), m = pointers(exp_avgs);
+  const auto sizes = sizes_of(params);
+  cuda::lion_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), m.data(),
+                    lists.model_list(), call.absmaxes(), sizes.data(), a, c10::cuda::getCurrentCUDAStream());
+  call.finish(found_inf);
+}
+
+void adagrad_call(at::TensorList params, at::TensorList grads_in, at::TensorList sums, at::TensorList steps,
+                  at::TensorList master_params, double lr, double lr_decay, double weight_decay, double eps,
+                  bool maximize, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+                  const CompactInputs& compact) {
+  const char* op = "adagrad_";
+  if (params.empty()) return;
+  const at::Device device = device_of(op, params);
+  const c10::cuda::CUDAGuard guard(device);
+  const UpdatedParams updated = checked_params(op, params, master_params);
+  const auto grads = checked_grads(op, params, grads_in);
+  const CompactCall call(op, updated, sums, compact, device);
+  check_state_list(op, "sums", updated, sums, call.args(), 0);
+  auto step_ptrs = checked_steps(op, params, steps);
+  const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
+  cuda::AdagradArgs a;
+  a.s = scalars.get();
+  call.set(a.s);
+  a.lr_decay = lr_decay;
+  a.weight_decay = weight_decay;
+  a.eps = eps;
+  a.maximize = maximize;
+  const UpdateLists lists(op, updated, call.args());
+  auto g = pointers(grads), s = pointers(sums);
+  const auto sizes = sizes_of(params);
+  cuda::adagrad_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), s.data(),
+                       lists.model_list(), step_ptrs.data(), call.absmaxes(), sizes.data(), a,
+                       c10::cuda::getCurrentCUDAStream());
+  call.finish(found_inf);
+}
+
 // lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
 void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
                    at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, cuda::LambArgs a,
@@ -594,6 +650,37 @@ void colossal_lamb_compact_cuda(at::TensorList params, at::TensorList grads, at:
   colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
                      adam, bias_correction, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
                      stochastic_state, stochastic_params});
+}
+
+void lion_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList master_params,
+               double lr, double beta1, double beta2, double weight_decay, const OptTensor& lr_tensor,
+               const OptTensor& grad_scale, const OptTensor& found_inf) {
+  lion_call(params, grads, exp_avgs, master_params, lr, beta1, beta2, weight_decay, lr_tensor, grad_scale, found_inf,
+            {});
+}
+
+void lion_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
+                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params,
+                       const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  lion_call(params, grads, exp_avgs, master_params, lr, beta1, beta2, weight_decay, lr_tensor, grad_scale, found_inf,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+}
+
+void adagrad_cuda(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
+                  at::TensorList master_params, double lr, double lr_decay, double weight_decay, double eps,
+                  bool maximize, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+  adagrad_call(params, grads, sums, steps, master_params, lr, lr_decay, weight_decay, eps, maximize, lr_tensor,
+               grad_scale, found_inf, {});
+}
+
+void adagrad_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
+                          at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                          double lr, double lr_decay, double weight_decay, double eps, bool maximize,
+                          bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                          const OptTensor& grad_scale, const OptTensor& found_inf) {
+  adagrad_call(params, grads, sums, steps, master_params, lr, lr_decay, weight_decay, eps, maximize, lr_tensor,
+               grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.

@@ -154,6 +154,29 @@ void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, voi
                  void* const* absmaxes, const int64_t* sizes, const LambArgs& args, const ChunkSums& sums,
                  cudaStream_t stream);
 
+// lion.cu: Lion (the math: csrc/shared/lion_math.h). absmaxes: with 8-bit state those of
+// exp_avgs (absmax_list), else nullptr.
+struct LionArgs {
+  DeviceScalars s;
+  double beta1 = 0.0, beta2 = 0.0, weight_decay = 0.0;
+};
+
+void lion_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
+                 void* const* exp_avgs, void* const* model, void* const* absmaxes, const int64_t* sizes,
+                 const LionArgs& args, cudaStream_t stream);
+
+// adagrad.cu: torch.optim.Adagrad (the math: csrc/shared/adagrad_math.h). Increments steps.
+// absmaxes: with 8-bit state those of sums (absmax_list), else nullptr.
+struct AdagradArgs {
+  DeviceScalars s;
+  double lr_decay = 0.0, weight_decay = 0.0, eps = 0.0;
+  bool maximize = false;
+};
+
+void adagrad_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads, void* const* sums,
+                    void* const* model, float* const* steps, void* const* absmaxes, const int64_t* sizes,
+                    const AdagradArgs& args, cudaStream_t stream);
+
 // sparsified_sgd.cu: memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p (every element),
 // then, per tensor, p[i] <- p[i] - memory[i] ; memory[i] <- 0 for its k indices.
 // With masters, params are the masters and model[t] / model the params written from them.

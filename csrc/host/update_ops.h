@@ -18,7 +18,9 @@
   X(sparsified_sgd) \
   X(adam) \
   X(lamb) \
-  X(colossal_lamb)
+  X(colossal_lamb) \
+  X(lion) \
+  X(adagrad)
 
 // X(name) for every update op with a compact twin `name_compact_` (register.cpp, binding.cpp).
 #define FUSED_OPTIM_COMPACT_OPS(X) \
@@ -28,7 +30,9 @@
   X(colossal_lars) \
   X(adam) \
   X(lamb) \
-  X(colossal_lamb)
+  X(colossal_lamb) \
+  X(lion) \
+  X(adagrad)
 
 namespace fused_optim {
 
@@ -72,6 +76,13 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
+void lion_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList master_params,
+              double lr, double beta1, double beta2, double weight_decay, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+void adagrad_cpu(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
+                 at::TensorList master_params, double lr, double lr_decay, double weight_decay, double eps,
+                 bool maximize, const std::optional<at::Tensor>& lr_tensor,
+                 const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                      const c10::List<bool>& first_step, double lr, double momentum, double dampening,
@@ -121,5 +132,15 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                                const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf);
+void lion_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
+                      double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf);
+void adagrad_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
+                         at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
+                         double lr, double lr_decay, double weight_decay, double eps, bool maximize,
+                         bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 
 }  // namespace fused_optim

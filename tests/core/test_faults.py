@@ -233,6 +233,7 @@ STRING_FLAGS = [
     (fused_optim.SignSGD, dict(lr=0.1, momentum=0.9, nesterov="True"), "nesterov"),
     (fused_optim.SparsifiedSGD, dict(lr=0.1, random_sparse="no"), "random_sparse"),
     (fused_optim.Lamb, dict(adam="no"), "adam"),
+    (fused_optim.Adagrad, dict(maximize="no"), "maximize"),
 ]
 
 

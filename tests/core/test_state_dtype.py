@@ -214,6 +214,11 @@ CASES = [  # (op, state format, param dtype, stochastic_state, stochastic_params
     ("lamb_", "bf16", torch.bfloat16, True, True, False),
     ("colossal_lamb_", "8bit", torch.float32, False, False, False),
     ("colossal_lamb_", "bf16", torch.bfloat16, True, True, False),
+    ("lion_", "8bit", torch.float32, False, False, False),
+    ("lion_", "bf16", torch.bfloat16, True, True, False),
+    ("adagrad_", "8bit", torch.float32, False, False, False),
+    ("adagrad_", "bf16", torch.float32, True, False, False),
+    ("adagrad_", "8bit", torch.bfloat16, False, True, False),
 ]
 
 
@@ -674,16 +679,17 @@ def test_a_failed_step_leaves_params_and_compact_state_unchanged(cls):
 
 
 @pytest.mark.parametrize("name", ["sgd", "fused_sgd", "adam", "adamw", "fused_adam", "lars", "sign_sgd", "lamb",
-                                  "fused_lamb", "nvlamb", "colossalai_lamb"])
+                                  "fused_lamb", "nvlamb", "colossalai_lamb", "lion", "adagrad"])
 def test_registry_entries_take_the_options(name):
-    """Every registry entry of the SGD family, Adam and LAMB takes them as keywords (the adapters
-    build optimizers through the registry: mmengine configs say state_dtype='8bit')."""
+    """Every registry entry of the SGD family, Adam, LAMB, Lion and Adagrad takes them as keywords
+    (the adapters build optimizers through the registry: mmengine configs say state_dtype='8bit')."""
     model = _model()
     momentum = "sgd" in name or name == "lars"
     extra = dict(lr=0.1, momentum=0.9) if momentum else {}
     opt = fused_optim.create_optimizer(name, model.parameters(), state_dtype="8bit", **extra)
     _steps(model, opt, 1)
-    assert opt.state[next(model.parameters())]["momentum_buffer" if momentum else "exp_avg"].dtype == torch.uint8
+    key = {"adagrad": "sum"}.get(name, "momentum_buffer" if momentum else "exp_avg")
+    assert opt.state[next(model.parameters())][key].dtype == torch.uint8
     assert opt.implementation == "fused"
 
 

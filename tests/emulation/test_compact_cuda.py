@@ -57,6 +57,12 @@ CASES = [
     ("lamb_", "bf16", torch.bfloat16, True, True, False, False),
     ("lamb_", "8bit", torch.bfloat16, False, True, False, False),
     ("lamb_", "8bit", torch.bfloat16, False, False, False, True),
+    ("lion_", "8bit", torch.float32, False, False, False, False),
+    ("lion_", "bf16", torch.bfloat16, True, True, False, False),
+    ("lion_", "8bit", torch.bfloat16, False, False, False, True),
+    ("adagrad_", "8bit", torch.float32, False, False, False, False),
+    ("adagrad_", "bf16", torch.bfloat16, True, True, False, False),
+    ("adagrad_", "8bit", torch.float16, False, False, False, True),
 ]
 LAYERWISE = {"lars_", "colossal_lars_", "lamb_"}
 

@@ -181,13 +181,19 @@ def test_fused_optimizers_from_configure_optimizers_equal_torch(form):
 
 
 @pytest.mark.slow
-def test_lightning_cli_takes_our_optimizer_by_class_path():
+@pytest.mark.parametrize("cls, option, value, state", [
+    (fused_optim.FusedLAMB, "max_grad_norm", 0.5, "step"), (fused_optim.Lion, "weight_decay", 0.1, "exp_avg"),
+    (fused_optim.Adagrad, "lr_decay", 0.1, "sum")], ids=["lamb", "lion", "adagrad"])
+def test_lightning_cli_takes_our_optimizer_by_class_path(cls, option, value, state):
     cli = LightningCLI(CliRegressor, run=True, save_config_callback=None, args=[
-        "fit", "--optimizer", "fused_optim.FusedLAMB", "--optimizer.lr", "0.01", "--optimizer.max_grad_norm", "0.5",
-        "--trainer.max_steps", "3", *[f"--trainer.{k}={v}" for k, v in FAST.items()]])
+        "fit", "--optimizer", f"fused_optim.{cls.__name__}", "--optimizer.lr", "0.01", f"--optimizer.{option}",
+        str(value), "--trainer.max_steps", "3", *[f"--trainer.{k}={v}" for k, v in FAST.items()]])
     opt = cli.trainer.optimizers[0]
-    assert type(opt) is fused_optim.FusedLAMB and opt.defaults["lr"] == 0.01 and opt.defaults["max_grad_norm"] == 0.5
-    assert cli.trainer.global_step == 3 and all(int(s["step"]) == 3 for s in opt.state.values())
+    assert type(opt) is cls and opt.defaults["lr"] == 0.01 and opt.defaults[option] == value
+    assert cli.trainer.global_step == 3 and opt.implementation == "fused"
+    assert all(state in s for s in opt.state.values()) and len(opt.state) == len(list(cli.model.parameters()))
+    if "step" in next(iter(opt.state.values())):
+        assert all(int(s["step"]) == 3 for s in opt.state.values())
 
 
 @pytest.mark.slow

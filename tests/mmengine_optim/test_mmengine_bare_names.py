@@ -17,7 +17,8 @@ import mmengine_optim
 from fused_optim.registry import CLASS_ALIASES, get_spec, list_optimizers
 
 SEEDS = ("FusedAdam", "FusedSGD", "FusedLAMB", "CPUAdam", "HybridAdam", "Lamb", "Lars")
-MMENGINE_OWNS = {"SGD": torch.optim.SGD, "Adam": torch.optim.Adam, "AdamW": torch.optim.AdamW}  # torch.optim's
+MMENGINE_OWNS = {"SGD": torch.optim.SGD, "Adam": torch.optim.Adam, "AdamW": torch.optim.AdamW,
+                 "Adagrad": torch.optim.Adagrad}  # torch.optim's
 
 
 def expected_class(name: str) -> type:

@@ -14,7 +14,7 @@ import mmengine_optim
 from mmengine_optim import register_optimizers
 from mmengine_optim.registry import deepspeed_installed
 
-TORCH_NAMES = ("SGD", "Adam", "AdamW")
+TORCH_NAMES = ("SGD", "Adam", "AdamW", "Adagrad")
 
 
 def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
@@ -23,7 +23,7 @@ def test_every_core_optimizer_is_registered_in_our_scope_and_bare():
         assert root.OPTIMIZERS.get(f"mmengine_optim.{spec.cls.__name__}") is spec.cls
         assert root.OPTIMIZERS.get(f"mmengine_optim.{name}").entry == name
         assert root.OPTIMIZERS.get(name).entry == name
-        if spec.cls.__name__ in TORCH_NAMES:  # bare SGD/Adam/AdamW stay torch.optim's
+        if spec.cls.__name__ in TORCH_NAMES:  # bare SGD/Adam/AdamW/Adagrad stay torch.optim's
             assert root.OPTIMIZERS.get(spec.cls.__name__) is getattr(torch.optim, spec.cls.__name__)
         else:
             assert root.OPTIMIZERS.get(spec.cls.__name__) is spec.cls
