@@ -178,7 +178,8 @@ class OpSpec:
         bf16 params) to fp32, run :meth:`run_reference` on it, encode back with the same code
         books and random bits as the kernels (fused_optim/state_formats.py), advance the keys.
         A reference that ``settles`` gets ``settle(t)``: it encodes the fp32 state tensor t now
-        and makes t the values stored (decoded), which the reference then reads back."""
+        and makes t the values stored (decoded), which the reference then reads back. A layer-wise
+        op's ``sums_only`` call stores nothing back (it writes only its ``norm_sums``)."""
         count = len(self.state)
         state = [list(x) for x in lists[:count]]
         absmaxes, keys, per_step = lists[count], lists[count + 1], lists[count + 2:]
@@ -195,6 +196,8 @@ class OpSpec:
 
         extra = dict(settle=settle) if self.settles else {}
         self.run_reference(run_params, grads, *state, *per_step, **kwargs, **extra)
+        if kwargs.get("sums_only"):  # the layer-wise ops' first call: nothing stored, no key advanced
+            return
         for x, store in pending.values():
             store(x)
         if stochastic_params:
@@ -233,14 +236,15 @@ class OpSpec:
     def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
         """The reference implementation, called as the op is: with master weights (the last state
         list non-empty) it updates the masters from the grads in fp32, then writes each param as
-        its master rounded (skipped with the step when ``found_inf`` is set)."""
+        its master rounded (skipped with the step when ``found_inf`` is set, and by a layer-wise op's
+        ``sums_only`` call, which writes nothing but its ``norm_sums``)."""
         count = len(self.state)
         masters = lists[count - 1]
         if not masters:
             return self.reference(params, grads, *lists[:count - 1], *lists[count:], **kwargs)
         self.reference(masters, [g.float() for g in grads], *lists[:count - 1], *lists[count:], **kwargs)
         found_inf = kwargs.get("found_inf")
-        if found_inf is None or not bool(found_inf.item()):
+        if not kwargs.get("sums_only") and (found_inf is None or not bool(found_inf.item())):
             torch._foreach_copy_(params, masters)
 
     def lists(self, group: dict, states: list[dict], fresh: list[bool]) -> tuple[tuple, tuple]:
