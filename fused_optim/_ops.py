@@ -36,6 +36,15 @@ implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs
 norms inside the kernel, without a host sync per tensor. ``lamb_`` clips with
 ``global_grad_norm`` (the norm over all groups' grads, a tensor), or when it is None with the norm
 of the grads it was given (the optimizer passes None when one call holds every grad).
+The layer-wise ops (``lars_``, ``colossal_lars_``, ``lamb_``, ``colossal_lamb_`` and their compact
+twins) take ``norm_sums`` and ``sums_only`` for params sharded across processes, whose norms are
+those of the whole tensors: ``norm_sums`` is a float64 [n, 2] tensor on the params' device, row t
+(S_p, S_x) for param t, S_p = Σv² of the values updated (the masters, if any) and S_x = Σg² of
+the grads as stored (LARS) or Σu² of LAMB's update direction. A ``sums_only=True`` call writes
+the local rows and nothing else (no state, step counter or rounding key; nothing at all when
+``found_inf`` is set); a call with ``norm_sums`` and ``sums_only=False`` updates with the rows it
+is given in place of its own sums. Given the rows the first call wrote, the two calls are one
+plain call, bit for bit.
 ``sum_squares_(sums, tensors, index)`` adds Σx² of ``tensors[i]`` to ``sums[index[i]]`` (float64):
 AdaScale's per-group sums of squared gradient norms. ``grad_norm_hooks(params, index, sums, counts)``
 registers C++ gradient hooks doing ``sum_squares_(sums, [g], [index[i]])`` for each micro-batch

@@ -37,6 +37,41 @@ def _norm(t: Tensor) -> float:
     return float(torch.linalg.vector_norm(t, dtype=torch.float64))
 
 
+def _sum_of_squares(t: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(t, dtype=torch.float64).square()
+
+
+def _check_norm_sums(norm_sums: Tensor | None, sums_only: bool, params) -> None:
+    """The layer-wise ops' ``norm_sums`` / ``sums_only`` (the sharded step's two calls, see
+    :mod:`._ops`): none (then not ``sums_only``), or a contiguous float64 [n, 2] tensor on the
+    params' device, one row per param."""
+    if norm_sums is None:
+        if sums_only:
+            raise ValueError("sums_only=True needs norm_sums, the float64 [n, 2] tensor it writes the "
+                             "per-tensor sums to")
+        return
+    n = len(params)
+    if (norm_sums.dtype != torch.float64 or tuple(norm_sums.shape) != (n, 2) or not norm_sums.is_contiguous()
+            or (params and norm_sums.device != params[0].device)):
+        raise ValueError(f"norm_sums must be a contiguous float64 tensor of shape [{n}, 2] (one row per param) "
+                         f"on the params' device; got {norm_sums.dtype} of shape {list(norm_sums.shape)} on "
+                         f"{norm_sums.device}")
+
+
+def _layer_norms(params, grads, norm_sums: Tensor | None) -> list[tuple[float, float]]:
+    """Per tensor (‖p‖, ‖g‖): of the tensors, or the square roots of the sums given in
+    ``norm_sums`` (sharded params: the sums over the whole tensors)."""
+    if norm_sums is None:
+        return [(_norm(p), _norm(g)) for p, g in zip(params, grads)]
+    return [(math.sqrt(sp), math.sqrt(sg)) for sp, sg in norm_sums.tolist()]
+
+
+def _write_sums(norm_sums: Tensor, pairs) -> None:
+    """Row i of ``norm_sums`` := (Σv², Σx²) in float64 of the i-th pair (v, x)."""
+    for i, (v, x) in enumerate(pairs):
+        norm_sums[i] = torch.stack([_sum_of_squares(v), _sum_of_squares(x)])
+
+
 def _sgd_family(params, grads, momentum_buffers, first_step, *, grad_mul, weight_decay, lr, momentum, dampening,
                 nesterov, wd_after_momentum=False, direction="plain", clamp=0.0) -> None:
     """The SGD family (see csrc/shared/sgd_math.h): per-tensor grad_mul, weight_decay and lr lists;
@@ -80,14 +115,18 @@ def sign_sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, damp
 
 
 def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
-          trust_coefficient, eps, trust_clip, always_adapt, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+          trust_coefficient, eps, trust_clip, always_adapt, norm_sums=None, sums_only=False, lr_tensor=None,
+          grad_scale=None, found_inf=None) -> None:
+    _check_norm_sums(norm_sums, sums_only, params)
     if _skip(found_inf):
         return
+    if sums_only:  # (Σp², Σg²) of the grads as stored, nothing else written
+        return _write_sums(norm_sums, zip(params, grads))
     lr = _lr(lr, lr_tensor)
     inv = _grad_multiplier(grad_scale, False)
     grad_mul, decay = [], []
-    for p, g in zip(params, grads):
-        pn, gn = _norm(p), _norm(g) * inv
+    for pn, stored_gn in _layer_norms(params, grads, norm_sums):
+        gn = stored_gn * inv
         r = 1.0
         adapt = (weight_decay != 0 or always_adapt) and pn > 0 and gn > 0
         if adapt:
@@ -101,14 +140,17 @@ def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampenin
 
 
 def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, eeta, weight_decay, epsilon, lars,
-                   lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+                   norm_sums=None, sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+    _check_norm_sums(norm_sums, sums_only, params)
     if _skip(found_inf):
         return
+    if sums_only:  # (Σp², Σg²) of the grads as stored, nothing else written
+        return _write_sums(norm_sums, zip(params, grads))
     lr = _lr(lr, lr_tensor)
     inv = _grad_multiplier(grad_scale, False)
     rates = []
-    for p, g in zip(params, grads):
-        pn, gn = _norm(p), _norm(g) * inv
+    for pn, stored_gn in _layer_norms(params, grads, norm_sums):
+        gn = stored_gn * inv
         r = eeta * pn / (gn + weight_decay * pn + epsilon) if lars and pn > 0 and gn > 0 else 1.0
         rates.append(lr * min(max(r, 0.0), 50.0))
     n = len(params)
@@ -178,15 +220,21 @@ def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, b
 
 
 def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, beta1, beta2, beta3, eps,
-          weight_decay, decoupled, trust_ratio, trust_clip, settle) -> None:
+          weight_decay, decoupled, trust_ratio, trust_clip, settle, norm_sums, sums_only) -> None:
     """LAMB (see csrc/cpu/lamb.cpp): ``per_tensor(step) -> (c1, c2, lr)``. The trust ratio's ||u||
     is taken from the new moments in the math type, the update from the moments as stored (the
     kernel's two passes): rounded to the state's dtype, or with compact state encoded (``settle``,
     OpSpec.run_compact_reference) and decoded. Without the trust ratio (one pass) u is that of
-    the new moments in the math type."""
+    the new moments in the math type. ``sums_only``: (Σx², Σu²) into ``norm_sums`` and nothing
+    else written; else the trust ratio's norms from ``norm_sums`` when given."""
+    sums = []  # sums_only: (x, u) per tensor
     for i, (p, g_in) in enumerate(zip(params, grads)):
-        steps[i].add_(1)
-        c1, c2, lr = per_tensor(float(steps[i].item()))
+        if sums_only:
+            step = float(steps[i].item()) + 1
+        else:
+            steps[i].add_(1)
+            step = float(steps[i].item())
+        c1, c2, lr = per_tensor(step)
         x = _opmath(p)
         g = _opmath(g_in).to(x.dtype) * grad_mul
         if weight_decay != 0 and not decoupled:
@@ -198,10 +246,16 @@ def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, 
 
         m = beta1 * _opmath(exp_avgs[i]) + beta3 * g
         v = beta2 * _opmath(exp_avg_sqs[i]) + (1 - beta2) * g * g
+        if sums_only:
+            sums.append((x, update(m, v)))
+            continue
         exp_avgs[i].copy_(m)
         exp_avg_sqs[i].copy_(v)
         if trust_ratio:
-            pn, un = _norm(x), _norm(update(m, v))
+            if norm_sums is None:
+                pn, un = _norm(x), _norm(update(m, v))
+            else:
+                pn, un = (math.sqrt(s) for s in norm_sums[i].tolist())
             r = pn / un if pn > 0 and un > 0 else 1.0
             lr *= min(r, 1.0) if trust_clip else r
             if settle is not None:
@@ -209,11 +263,14 @@ def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, 
                 settle(exp_avg_sqs[i])
             m, v = _opmath(exp_avgs[i]), _opmath(exp_avg_sqs[i])
         p.copy_(x - lr * update(m, v))
+    if sums_only:
+        _write_sums(norm_sums, sums)
 
 
 def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, bias_correction,
-          grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None,
-          lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
+          grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None, norm_sums=None,
+          sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
+    _check_norm_sums(norm_sums, sums_only, params)
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -230,11 +287,14 @@ def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
 
     _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=inv / clip, beta1=beta1, beta2=beta2,
           beta3=1 - beta1 if grad_averaging else 1.0, eps=eps, weight_decay=weight_decay, decoupled=adam_w_mode,
-          trust_ratio=use_nvlamb or weight_decay != 0, trust_clip=trust_clip, settle=settle)
+          trust_ratio=use_nvlamb or weight_decay != 0, trust_clip=trust_clip, settle=settle, norm_sums=norm_sums,
+          sums_only=sums_only)
 
 
 def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, adam,
-                   bias_correction, lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
+                   bias_correction, norm_sums=None, sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None,
+                   settle=None) -> None:
+    _check_norm_sums(norm_sums, sums_only, params)
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -244,7 +304,7 @@ def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, be
 
     _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, grad_mul=_grad_multiplier(grad_scale, False),
           beta1=beta1, beta2=beta2, beta3=1 - beta1, eps=eps, weight_decay=weight_decay, decoupled=True,
-          trust_ratio=not adam, trust_clip=False, settle=settle)
+          trust_ratio=not adam, trust_clip=False, settle=settle, norm_sums=norm_sums, sums_only=sums_only)
 
 
 def lion_(params, grads, exp_avgs, *, lr, beta1, beta2, weight_decay, lr_tensor=None, grad_scale=None,

@@ -117,7 +117,8 @@ class OpSpec:
     per_step: tuple[tuple[str, str], ...]  # (schema type, name), e.g. ("bool[]", "first_step")
     scalars: tuple[Scalar, ...]
     reference: Callable[..., None]
-    sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional scalar (op tests)
+    # a value for each scalar without a default, and maybe for plain ones with a default (op tests)
+    sample_scalars: dict = field(default_factory=dict)
     sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
     compact: bool = False  # has a compact twin ``<name>compact_``: bf16 / 8-bit state, stochastic rounding
     # The reference reads its new state back after storing it (LAMB's second pass updates the param
@@ -126,10 +127,12 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", (*self.state, MASTER_PARAMS))
-        names = {s.name for s in self.scalars if not s.type.endswith("?")}
-        if set(self.sample_scalars) != names:
-            raise ValueError(f"OpSpec {self.name}: sample_scalars must give a value for each scalar that is "
-                             f"not optional: {sorted(names)} (got {sorted(self.sample_scalars)})")
+        required = {s.name for s in self.scalars if s.default is None}
+        plain = {s.name for s in self.scalars if not s.type.endswith("?")}
+        if not required <= set(self.sample_scalars) <= plain:
+            raise ValueError(f"OpSpec {self.name}: sample_scalars must give a value for each scalar without a "
+                             f"default: {sorted(required)}, and may for those of {sorted(plain - required)} "
+                             f"(got {sorted(self.sample_scalars)})")
 
     def schemas(self) -> dict[str, str]:
         """The list op's schema (key ``""``) and its bucket twin's (key ``"bucket"``). State lists
@@ -175,7 +178,8 @@ class OpSpec:
         bf16 params) to fp32, run :meth:`run_reference` on it, encode back with the same code
         books and random bits as the kernels (fused_optim/state_formats.py), advance the keys.
         A reference that ``settles`` gets ``settle(t)``: it encodes the fp32 state tensor t now
-        and makes t the values stored (decoded), which the reference then reads back."""
+        and makes t the values stored (decoded), which the reference then reads back. A layer-wise
+        op's ``sums_only`` call stores nothing back (it writes only its ``norm_sums``)."""
         count = len(self.state)
         state = [list(x) for x in lists[:count]]
         absmaxes, keys, per_step = lists[count], lists[count + 1], lists[count + 2:]
@@ -192,6 +196,8 @@ class OpSpec:
 
         extra = dict(settle=settle) if self.settles else {}
         self.run_reference(run_params, grads, *state, *per_step, **kwargs, **extra)
+        if kwargs.get("sums_only"):  # the layer-wise ops' first call: nothing stored, no key advanced
+            return
         for x, store in pending.values():
             store(x)
         if stochastic_params:
@@ -230,14 +236,15 @@ class OpSpec:
     def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
         """The reference implementation, called as the op is: with master weights (the last state
         list non-empty) it updates the masters from the grads in fp32, then writes each param as
-        its master rounded (skipped with the step when ``found_inf`` is set)."""
+        its master rounded (skipped with the step when ``found_inf`` is set, and by a layer-wise op's
+        ``sums_only`` call, which writes nothing but its ``norm_sums``)."""
         count = len(self.state)
         masters = lists[count - 1]
         if not masters:
             return self.reference(params, grads, *lists[:count - 1], *lists[count:], **kwargs)
         self.reference(masters, [g.float() for g in grads], *lists[:count - 1], *lists[count:], **kwargs)
         found_inf = kwargs.get("found_inf")
-        if found_inf is None or not bool(found_inf.item()):
+        if not kwargs.get("sums_only") and (found_inf is None or not bool(found_inf.item())):
             torch._foreach_copy_(params, masters)
 
     def lists(self, group: dict, states: list[dict], fresh: list[bool]) -> tuple[tuple, tuple]:

@@ -10,6 +10,9 @@
 // pass 1 decodes m and v, updates them, sums ||u||^2 of the new (fp32) moments and encodes them;
 // pass 2 decodes the moments as stored and recomputes u from them (the reference's definition:
 // fused_optim/_reference.py _lamb). Nothing is kept between the passes.
+// norm_sums / sums_only (two_pass.h: NormSums): S_p = sum p^2 and S_x = sum u^2 of pass 1's u;
+// the sums only run pass 1 with the moments read, not stored (written for every tensor, whether
+// or not the trust ratio is on), and leave the step counters and rounding keys as they were.
 #include "simd_blocks.h"  // before the shared rule (lamb_math.h)
 #include "compact_state.h"
 #include "fixed_order_sums.h"
@@ -96,11 +99,23 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   return lamb_grad_multiplier(a.inv_scale, norm, a.max_grad_norm);
 }
 
+// A moment stream as pass 1 takes it: written back (kStore), or read only (the sums only: the new
+// moments are computed in registers for u and dropped).
+template <bool kStore, typename Stream>
+auto stored_if(const Stream& s) {
+  if constexpr (kStore) {
+    return s;
+  } else {
+    return read_only(s);
+  }
+}
+
 // T: the params' and grads' dtype; S: that of the values updated (master_weights.h); F: the
-// moments' format (S, or compact: compact_state.h).
+// moments' format (S, or compact: compact_state.h). With `norm` (two_pass.h) pass 1 alone, the
+// moments not stored (the sums only), or the trust ratio from the sums given.
 template <typename T, typename S, StateFormat F>
 void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, const Lamb& a, const CompactArgs& c) {
+                at::TensorList exp_avg_sqs, const Lamb& a, const CompactArgs& c, const NormSums& norm) {
   using M = opmath_t<T>;
   using V = FVec<T>;
   const size_t n = params.model.size();
@@ -109,6 +124,33 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
   auto rule_of = [&](size_t t) { return lamb_rule<V>(a, grad_mul, a.tensors[t]); };
   auto m_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avgs, t, 0, 0, true); };
   auto v_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false); };
+  const KeptU<S> kept_u(numels, F == StateFormat::kPlain && a.trust_ratio && !norm.sums_only);
+  // Pass 1 over items [begin, end) of tensor t: the new moments (stored when `store` is true),
+  // ||p||^2 and ||u||^2 of u from the new moments (kept for pass 2 where kept_u says).
+  auto first_pass = [&](auto store) {
+    return [&](int64_t t, int64_t begin, int64_t end, Placement where) {
+      constexpr bool kStore = decltype(store)::value;
+      const auto rule = rule_of(t);
+      M* keep = kept_u.at(t, where);
+      if (keep != nullptr) keep += begin;
+      V p2(0), u2(0);
+      for_each_chunk<T>(
+          begin, end,
+          [&](auto& p, auto& g, auto& m, auto& v) {
+            rule.moments(p, g, m, v);
+            const V u = rule.direction(p, m, v);
+            p2 = at::vec::fmadd(p, p, p2);
+            u2 = at::vec::fmadd(u, u, u2);
+            if (keep != nullptr) {
+              u.store(keep);
+              keep += V::size();
+            }
+          },
+          cptr<S>(params.values()[t]), cptr<T>(grads[t]), stored_if<kStore>(m_of(t)), stored_if<kStore>(v_of(t)));
+      return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
+    };
+  };
+  if (norm.sums_only) return two_pass_sums<2>(numels, first_pass(std::false_type{}), norm.rows);
   std::vector<double> neg_lr(n);
   for (size_t t = 0; t < n; ++t) neg_lr[t] = -a.tensors[t].lr;
   if (!a.trust_ratio) {  // one pass
@@ -127,29 +169,8 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
     });
     return;
   }
-  const KeptU<S> kept_u(numels, F == StateFormat::kPlain);
   multi_tensor_two_pass<2>(
-      numels,
-      [&](int64_t t, int64_t begin, int64_t end, Placement where) {
-        const auto rule = rule_of(t);
-        M* keep = kept_u.at(t, where);
-        if (keep != nullptr) keep += begin;
-        V p2(0), u2(0);
-        for_each_chunk<T>(
-            begin, end,
-            [&](auto& p, auto& g, auto& m, auto& v) {
-              rule.moments(p, g, m, v);
-              const V u = rule.direction(p, m, v);
-              p2 = at::vec::fmadd(p, p, p2);
-              u2 = at::vec::fmadd(u, u, u2);
-              if (keep != nullptr) {
-                u.store(keep);
-                keep += V::size();
-              }
-            },
-            cptr<S>(params.values()[t]), cptr<T>(grads[t]), m_of(t), v_of(t));
-        return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
-      },
+      numels, first_pass(std::true_type{}),
       [&](int64_t t, const std::array<double, 2>& sums) {
         neg_lr[t] *= lamb_trust_ratio(std::sqrt(sums[0]), std::sqrt(sums[1]), a.trust_clip);
       },
@@ -172,14 +193,16 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
               begin, end, [&](auto& pv, auto& m, auto& v) { rule.apply(pv, step, rule.direction(pv, m, v)); }, p,
               read_only(m_of(t)), read_only(v_of(t)));
         });
-      });
+      },
+      norm.rows);
 }
 
 // Checks, the per-tensor step counters and numbers (lamb_tensor), and the update; absmaxes and
 // keys empty but for the compact twins.
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
-              at::TensorList keys, bool stochastic_state, bool stochastic_params, Lamb& a, double lr) {
+              at::TensorList keys, bool stochastic_state, bool stochastic_params, Lamb& a, double lr,
+              const NormSums& norm) {
   const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = checked_grads(op, params.model, grads_in);
   const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
@@ -198,9 +221,10 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
     using T = typename decltype(types)::grad_t;
     dispatch_format<T>(c, [&](auto format) {
       lamb_typed<T, typename decltype(types)::state_t, decltype(format)::value>(params, grads, exp_avgs, exp_avg_sqs,
-                                                                               a, c);
+                                                                               a, c, norm);
     });
   });
+  if (norm.sums_only) return;  // the step counters and rounding keys as they were
   for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
   advance_keys(c);
 }
@@ -210,9 +234,11 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                at::TensorList steps, at::TensorList master_params, at::TensorList absmaxes, at::TensorList keys,
                double lr, double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
                bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb, bool trust_clip,
-               const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state, bool stochastic_params,
+               const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
+               bool sums_only, bool stochastic_state, bool stochastic_params,
                const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
+  const NormSums norm = norm_sums_of("lamb_", norm_sums, sums_only, params);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
@@ -225,16 +251,18 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
   }
   run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys, stochastic_state,
-           stochastic_params, a, lr);
+           stochastic_params, a, lr, norm);
 }
 
 // colossal_lamb_ and its compact twin.
 void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                         at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
-                        double eps, double weight_decay, bool adam, bool bias_correction, bool stochastic_state,
+                        double eps, double weight_decay, bool adam, bool bias_correction,
+                        const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
                         bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+  const NormSums norm = norm_sums_of("colossal_lamb_", norm_sums, sums_only, params);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || params.empty()) return;
@@ -242,7 +270,7 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   a.inv_scale = amp.inv_scale;
   run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys,
-           stochastic_state, stochastic_params, a, lr);
+           stochastic_state, stochastic_params, a, lr, norm);
 }
 
 }  // namespace
@@ -251,11 +279,11 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
               bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
+              const std::optional<at::Tensor>& norm_sums, bool sums_only, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-            false, false, lr_tensor, grad_scale, found_inf);
+            norm_sums, sums_only, false, false, lr_tensor, grad_scale, found_inf);
 }
 
 void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -263,34 +291,38 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
                       double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                       double max_grad_norm, bool use_nvlamb, bool trust_clip,
-                      const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state,
-                      bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
-                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+                      const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
+                      bool sums_only, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf) {
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
             eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
-            global_grad_norm, stochastic_state, stochastic_params, lr_tensor, grad_scale, found_inf);
+            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, lr_tensor, grad_scale,
+            found_inf);
 }
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                        at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2,
                        double eps, double weight_decay, bool adam, bool bias_correction,
+                       const std::optional<at::Tensor>& norm_sums, bool sums_only,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps,
-                     weight_decay, adam, bias_correction, false, false, lr_tensor, grad_scale, found_inf);
+                     weight_decay, adam, bias_correction, norm_sums, sums_only, false, false, lr_tensor, grad_scale,
+                     found_inf);
 }
 
 void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                                at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
-                               bool stochastic_state, bool stochastic_params,
-                               const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
+                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,
-                     beta2, eps, weight_decay, adam, bias_correction, stochastic_state, stochastic_params, lr_tensor,
-                     grad_scale, found_inf);
+                     beta2, eps, weight_decay, adam, bias_correction, norm_sums, sums_only, stochastic_state,
+                     stochastic_params, lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

@@ -88,24 +88,27 @@ void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at:
 }
 
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
-                            const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set) {
+                            const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set,
+                            const NormSums& norm) {
   if (params.model.empty()) return;
   // LARS and ColossalAI's Lars: no sign direction (each direction is compiled for every type and format)
   constexpr auto kPlain = SgdDirection::kPlain, kClamp = SgdDirection::kClamp;
   with_update<kPlain, kClamp>(params, grads, bufs, first_step, args, [&](const auto& update) {
     using T = typename std::decay_t<decltype(update)>::grad_t;
     using S = typename std::decay_t<decltype(update)>::state_t;
+    const auto numels = numels_of(params.model);
+    auto sums = [&](int64_t t, int64_t begin, int64_t end, Placement) {
+      return sums_of_squares(cptr<S>(params.values()[t]), cptr<T>(grads[t]), begin, end);
+    };
+    if (norm.sums_only) return two_pass_sums<2>(numels, sums, norm.rows);
     multi_tensor_two_pass<2>(
-        numels_of(params.model),
-        [&](int64_t t, int64_t begin, int64_t end, Placement) {
-          return sums_of_squares(cptr<S>(params.values()[t]), cptr<T>(grads[t]), begin, end);
+        numels, sums,
+        [&](int64_t t, const std::array<double, 2>& totals) {
+          set(static_cast<size_t>(t), std::sqrt(totals[0]), std::sqrt(totals[1]));
         },
-        [&](int64_t t, const std::array<double, 2>& sums) {
-          set(static_cast<size_t>(t), std::sqrt(sums[0]), std::sqrt(sums[1]));
-        },
-        [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); });
+        [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); }, norm.rows);
   });
-  advance_keys(args.compact);
+  if (!norm.sums_only) advance_keys(args.compact);
 }
 
 namespace {

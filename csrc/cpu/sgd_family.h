@@ -9,6 +9,7 @@
 
 #include "simd_blocks.h"  // before the shared rule (sgd_math.h)
 #include "compact_state.h"
+#include "two_pass.h"
 #include "../host/checks.h"
 #include "../shared/sgd_math.h"
 
@@ -49,9 +50,10 @@ using SetNumbers = std::function<void(size_t t, double param_norm, double grad_n
 
 // The update after the norms: one two-pass launch (multi_tensor_two_pass) whose first pass sums
 // ||p||^2 and ||g||^2 per tensor; set() runs once per non-empty tensor, before its update. The
-// direction is kPlain or kClamp (LARS, ColossalAI's Lars).
+// direction is kPlain or kClamp (LARS, ColossalAI's Lars). With `norm` (two_pass.h) the sums only
+// (into norm.rows, nothing else written: no set(), no update), or set() from the rows given.
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads,
                             at::TensorList momentum_buffers, const c10::List<bool>& first_step, const SgdFamily& args,
-                            const SetNumbers& set);
+                            const SetNumbers& set, const NormSums& norm);
 
 }  // namespace fused_optim

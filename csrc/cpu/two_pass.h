@@ -4,8 +4,11 @@
 
 #include "fixed_order_sums.h"
 #include "multi_tensor.h"
+#include "../host/checks.h"
 
+#include <algorithm>
 #include <array>
+#include <optional>
 #include <vector>
 
 namespace fused_optim {
@@ -23,6 +26,8 @@ namespace fused_optim {
 //   last (kAll). Two such tensors side by side would not fit the L3 cache (the update then reads
 //   from memory: measured ~6% slower for LAMB on the ResNet-50 list).
 // `where` tells an op what it may hand from a tensor's sums to its update (see Placement).
+// Given totals (`given`, a sharded step's second call: see NormSums), finish(t, ·) gets row t of
+// them in place of those summed; the sums still run (they may update state, as LAMB's do).
 enum class Placement {
   kThread,  // both passes of the tensor on this thread, the update right after the last item
   kSplit,   // items summed on several threads, the update's pieces on others
@@ -41,8 +46,14 @@ inline void update_backwards(int64_t begin, int64_t end, const F& update) {
 
 template <size_t K, typename Sum, typename Finish, typename Update>
 void multi_tensor_two_pass(const std::vector<int64_t>& numels, const Sum& sum, const Finish& finish,
-                           const Update& update) {
+                           const Update& update, const double* given = nullptr) {
   const size_t n = numels.size();
+  auto finish_with = [&](int64_t t, const std::array<double, K>& summed) {
+    if (given == nullptr) return finish(t, summed);
+    std::array<double, K> row;
+    std::copy_n(given + t * static_cast<int64_t>(K), K, row.begin());
+    finish(t, row);
+  };
   std::vector<int64_t> small(numels);  // the large tensors as empty ones
   for (auto& numel : small) numel = numel > kWhole ? 0 : numel;
   ItemSums<K> items(small);
@@ -57,14 +68,14 @@ void multi_tensor_two_pass(const std::vector<int64_t>& numels, const Sum& sum, c
       const Placement where = shared[t] ? Placement::kSplit : Placement::kThread;
       items.sum_items(t, begin, end, [&](int64_t, int64_t b, int64_t e) { return sum(t, b, e, where); });
       if (shared[t]) return;
-      finish(t, items.totals(t));
+      finish_with(t, items.totals(t));
       update(t, int64_t{0}, numels[t], where);
     });
   });
   std::vector<int64_t> rest, rest_numels;
   for (size_t t = 0; t < n; ++t) {
     if (!shared[t]) continue;
-    finish(static_cast<int64_t>(t), items.totals(static_cast<int64_t>(t)));
+    finish_with(static_cast<int64_t>(t), items.totals(static_cast<int64_t>(t)));
     rest.push_back(static_cast<int64_t>(t));
     rest_numels.push_back(numels[t]);
   }
@@ -75,13 +86,40 @@ void multi_tensor_two_pass(const std::vector<int64_t>& numels, const Sum& sum, c
   for (size_t i = 0; i < n; ++i) {
     if (numels[i] <= kWhole) continue;
     const auto t = static_cast<int64_t>(i);
-    finish(t, multi_tensor_sums<K>({numels[i]}, [&](int64_t, int64_t begin, int64_t end) {
+    finish_with(t, multi_tensor_sums<K>({numels[i]}, [&](int64_t, int64_t begin, int64_t end) {
              return sum(t, begin, end, Placement::kAll);
            })[0]);
     multi_tensor_apply({numels[i]}, [&](int64_t, int64_t begin, int64_t end) {
       update_backwards(begin, end, [&](int64_t b, int64_t e) { update(t, b, e, Placement::kAll); });
     });
   }
+}
+
+// The first pass alone: each tensor's K totals, the bits multi_tensor_two_pass hands finish()
+// (the same work items, added in the same order), written to rows[t*K, t*K + K) (zeros for an
+// empty tensor). sum(t, begin, end, Placement::kSplit) as there: it hands nothing to an update.
+template <size_t K, typename Sum>
+void two_pass_sums(const std::vector<int64_t>& numels, const Sum& sum, double* rows) {
+  const auto totals = multi_tensor_sums<K>(
+      numels, [&](int64_t t, int64_t begin, int64_t end) { return sum(t, begin, end, Placement::kSplit); });
+  for (size_t t = 0; t < numels.size(); ++t) std::copy(totals[t].begin(), totals[t].end(), rows + t * K);
+}
+
+// The norm_sums / sums_only arguments of a layer-wise op, for a sharded param's whole-tensor norms
+// (fused_optim/sharding.py calls the op twice): sums_only, the local per-tensor sums (||p||^2 and
+// the op's second quantity squared) into `rows` and nothing else written; then the update with
+// the all-reduced rows as the totals (multi_tensor_two_pass's `given`). rows null: one call.
+struct NormSums {
+  double* rows = nullptr;  // the [n, 2] float64 norm_sums, row t for tensor t
+  bool sums_only = false;
+};
+
+// The checked arguments (csrc/host/checks.h: check_norm_sums).
+inline NormSums norm_sums_of(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                             at::TensorList params) {
+  check_norm_sums(op, norm_sums, sums_only, params);
+  if (!norm_sums.has_value() || !norm_sums->defined()) return {};
+  return {norm_sums->data_ptr<double>(), sums_only};
 }
 
 }  // namespace fused_optim
