@@ -117,7 +117,7 @@ class OpSpec:
     per_step: tuple[tuple[str, str], ...]  # (schema type, name), e.g. ("bool[]", "first_step")
     scalars: tuple[Scalar, ...]
     reference: Callable[..., None]
-    sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional scalar (op tests)
+    sample_scalars: dict = field(default_factory=dict)  # a value for each non-optional, non-defaulted scalar (op tests)
     sample_extra: Callable[[], dict] = dict  # values of optional scalars a test call needs (made anew)
     compact: bool = False  # has a compact twin ``<name>compact_``: bf16 / 8-bit state, stochastic rounding
     # The reference reads its new state back after storing it (LAMB's second pass updates the param
@@ -126,10 +126,14 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", (*self.state, MASTER_PARAMS))
-        names = {s.name for s in self.scalars if not s.type.endswith("?")}
-        if set(self.sample_scalars) != names:
+        # Every scalar that is neither optional (Tensor?) nor defaulted needs a sample value; a
+        # defaulted one (Adam's bias_correction) may have one.
+        plain = {s.name for s in self.scalars if not s.type.endswith("?")}
+        names = {s.name for s in self.scalars if not s.type.endswith("?") and s.default is None}
+        if not names <= set(self.sample_scalars) <= plain:
             raise ValueError(f"OpSpec {self.name}: sample_scalars must give a value for each scalar that is "
-                             f"not optional: {sorted(names)} (got {sorted(self.sample_scalars)})")
+                             f"neither optional nor defaulted: {sorted(names)}, and for no optional one "
+                             f"(got {sorted(self.sample_scalars)})")
 
     def schemas(self) -> dict[str, str]:
         """The list op's schema (key ``""``) and its bucket twin's (key ``"bucket"``). State lists

@@ -19,6 +19,10 @@ _MOMENTUM = (StateList("momentum_buffers", "momentum_buffer", when="momentum"),)
 _FIRST_STEP = (("bool[]", "first_step"),)
 _MOMENTS = (StateList("exp_avgs", "exp_avg"), StateList("exp_avg_sqs", "exp_avg_sq", "nonnegative"))
 _STEPS = (StateList("steps", "step", "counter"),)
+# The sharded step's two calls of a layer-wise op (fused_optim/sharding.py): the local per-tensor
+# sums only, then the update with the sums of the whole tensors (None / False: one call).
+_NORM_SUMS = (Scalar("norm_sums", "Tensor?", lambda opt, group: None, "None"),
+              Scalar("sums_only", "bool", lambda opt, group: False, "False"))
 
 
 def _float(key: str) -> Scalar:
@@ -61,7 +65,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec("sign_sgd_", _MOMENTUM, _FIRST_STEP, _SGD_SCALARS, _reference.sign_sgd_, _SGD_SAMPLE, compact=True),
     OpSpec(
         "lars_", _MOMENTUM, _FIRST_STEP,
-        (*_SGD_SCALARS, _float("trust_coefficient"), _float("eps"), _bool("trust_clip"), _bool("always_adapt")),
+        (*_SGD_SCALARS, _float("trust_coefficient"), _float("eps"), _bool("trust_clip"), _bool("always_adapt"), *_NORM_SUMS),
         _reference.lars_,
         dict(_SGD_SAMPLE, dampening=0.0, nesterov=True, trust_coefficient=0.01, eps=1e-8, trust_clip=True,
              always_adapt=False), compact=True,
@@ -69,7 +73,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec(
         "colossal_lars_", _MOMENTUM, _FIRST_STEP,
         (_float("lr"), _float("momentum"), _float("eeta"), _float("weight_decay"), _float("epsilon"),
-         Scalar("lars", "bool", lambda opt, group: bool(group["lars"]))),
+         Scalar("lars", "bool", lambda opt, group: bool(group["lars"])), *_NORM_SUMS),
         _reference.colossal_lars_,
         dict(lr=0.1, momentum=0.9, eeta=0.01, weight_decay=0.01, epsilon=0.0, lars=True), compact=True,
     ),
@@ -97,7 +101,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
          _bool("bias_correction"), _bool("grad_averaging"), _bool("adam_w_mode"),
          Scalar("max_grad_norm", "float", lambda opt, group: float(group["max_grad_norm"] or 0.0)),
          _bool("use_nvlamb"), _bool("trust_clip"),
-         Scalar("global_grad_norm", "Tensor?", _lamb_global_norm, "None")),
+         Scalar("global_grad_norm", "Tensor?", _lamb_global_norm, "None"), *_NORM_SUMS),
         _reference.lamb_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, bias_correction=True,
              grad_averaging=True, adam_w_mode=True, max_grad_norm=1.0, use_nvlamb=False, trust_clip=False),
@@ -107,7 +111,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     OpSpec(
         "colossal_lamb_", (*_MOMENTS, *_STEPS), (),
         (_float("lr"), _beta(0, as_float=False), _beta(1, as_float=False), _float("eps"), _float("weight_decay"),
-         _bool("adam"), _bool("bias_correction")),
+         _bool("adam"), _bool("bias_correction"), *_NORM_SUMS),
         _reference.colossal_lamb_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False, bias_correction=True),
         compact=True, settles=True,

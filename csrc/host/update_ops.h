@@ -44,11 +44,13 @@ void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList mo
 void lars_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
               double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
-              bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& lr_tensor,
-              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+              bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+              const std::optional<at::Tensor>& found_inf);
 void colossal_lars_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                        at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
                        double eeta, double weight_decay, double epsilon, bool lars,
+                       const std::optional<at::Tensor>& norm_sums, bool sums_only,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
 void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList memories,
@@ -65,11 +67,12 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
               bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf);
+              const std::optional<at::Tensor>& norm_sums, bool sums_only, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                       const std::optional<at::Tensor>& norm_sums, bool sums_only,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf);
 void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -88,13 +91,14 @@ void lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                       const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                       double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
-                      bool always_adapt, bool stochastic_state, bool stochastic_params,
-                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                      const std::optional<at::Tensor>& found_inf);
+                      bool always_adapt, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                      bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void colossal_lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                                at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                               double weight_decay, double epsilon, bool lars, bool stochastic_state,
+                               double weight_decay, double epsilon, bool lars,
+                               const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
                                bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf);
@@ -110,15 +114,16 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
                       double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                       double max_grad_norm, bool use_nvlamb, bool trust_clip,
-                      const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state,
-                      bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
-                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+                      const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
+                      bool sums_only, bool stochastic_state, bool stochastic_params,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf);
 void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                                at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
-                               bool stochastic_state, bool stochastic_params,
-                               const std::optional<at::Tensor>& lr_tensor,
+                               const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
+                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf);
 
