@@ -9,6 +9,7 @@
 #include <c10/util/MaybeOwned.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <vector>
 
 namespace fused_optim {
@@ -105,6 +106,26 @@ inline UpdatedParams checked_params(const char* op, at::TensorList params, at::T
     }
   }
   return {params, masters};
+}
+
+// The phased calls of the layer-wise ops (lars_, colossal_lars_, lamb_, colossal_lamb_), whose
+// norm_sums holds row t = (S_p, S_x) of params[t]: a contiguous float64 [n, 2] tensor on the
+// params' device. Returns its data, or nullptr without norm_sums (one call; sums_only needs it).
+inline double* checked_norm_sums(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                                 at::TensorList params) {
+  if (!norm_sums.has_value() || !norm_sums->defined()) {
+    TORCH_CHECK(!sums_only, "fused_optim::", op, ": sums_only=True needs norm_sums, the float64 [", params.size(),
+                ", 2] tensor it writes the per-tensor sums into");
+    return nullptr;
+  }
+  const at::Tensor& s = *norm_sums;
+  const int64_t n = static_cast<int64_t>(params.size());
+  TORCH_CHECK(s.scalar_type() == at::kDouble && s.dim() == 2 && s.size(0) == n && s.size(1) == 2 &&
+                  s.layout() == at::kStrided && s.is_contiguous() && s.device() == params[0].device(),
+              "fused_optim::", op, ": norm_sums must be a contiguous float64 tensor of shape [", n,
+              ", 2] (one row per param) on ", params[0].device(), ", got ", s.scalar_type(), " of shape ",
+              s.sizes(), (s.is_contiguous() ? "" : " (not contiguous)"), " on ", s.device());
+  return s.data_ptr<double>();
 }
 
 }  // namespace fused_optim
