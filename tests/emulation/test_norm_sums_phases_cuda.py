@@ -1,7 +1,7 @@
 """The phased calls of the layer-wise ops on CUDA (``norm_sums`` / ``sums_only``: the per-tensor
-sums of a sharded step, csrc/cuda/launch.h ``NormSums``), run through the CUDA emulation
-(``fused_optim.testing.emulated_cuda``), for ``lars_``, ``colossal_lars_``, ``lamb_``,
-``colossal_lamb_`` and their compact twins:
+sums of a sharded step, csrc/cuda/launch.h ``NormSums``) on both backends of
+tests/emulation/test_cuda.py (the GPU, tests marked ``cuda``, and the CUDA emulation), for
+``lars_``, ``colossal_lars_``, ``lamb_``, ``colossal_lamb_`` and their compact twins:
 
 * ``op(..., norm_sums=sums, sums_only=True)`` then ``op(..., norm_sums=sums)`` leaves every tensor
   (params, masters, momentum buffers, moments, codes, absmaxes, step counters, rounding keys)
@@ -16,19 +16,14 @@ sums of a sharded step, csrc/cuda/launch.h ``NormSums``), run through the CUDA e
 import pytest
 import torch
 
-from fused_optim import _build, state_formats
+from fused_optim import state_formats
 from fused_optim.specs import SPECS
+from test_cuda import GPU, Backend, backend  # noqa: F401  (the backend fixture: the GPU and the emulation)
 
-EMULATED = torch.ops.fused_optim_emulated_cuda
 # An empty tensor, a partial block, a partial chunk and three chunks (the kernels' chunks are 65536
 # elements, each summed by one block of 512 threads; sum_chunks adds a tensor's chunk partials).
 SIZES = (0, 1, 257, 4097, 140000)
 CHUNK, BLOCK = 65536, 512
-
-
-@pytest.fixture(scope="module", autouse=True)
-def emulated_library():
-    _build.load_emulated_cuda()
 
 
 # Scalars overriding the op's samples (specs.py), with and without the trust ratio.
@@ -61,12 +56,13 @@ def _id(x) -> str:
 
 
 class Call:
-    """One call's arguments: the list op (fmt None) or its compact twin, on fresh inputs."""
+    """One call's arguments: the list op (fmt None) or its compact twin, on fresh inputs, made on
+    the CPU; :meth:`on` gives a copy that calls a backend's op on its device."""
 
     def __init__(self, op, variant, dtype, masters, fmt=None, sr_state=False, sr_params=False, sizes=SIZES,
                  seed=0):
         spec = SPECS[op]
-        self.op, self.spec, self.fmt, self.sizes = op, spec, fmt, sizes
+        self.op, self.spec, self.fmt, self.sizes, self.backend = op, spec, fmt, sizes, None
         g = torch.Generator().manual_seed(seed)
         self.params = [torch.randn(n, generator=g).to(dtype) for n in sizes]
         self.grads = [torch.randn(n, generator=g).to(dtype) for n in sizes]
@@ -99,25 +95,37 @@ class Call:
 
     def clone(self) -> "Call":
         other = object.__new__(Call)
-        other.__dict__ = {k: _cloned(v) for k, v in self.__dict__.items()}
+        other.__dict__ = {k: _mapped(v, torch.Tensor.clone) for k, v in self.__dict__.items()}
+        return other
+
+    def on(self, backend: Backend) -> "Call":
+        """A copy on the backend's device (the rounding keys stay int64 CPU tensors, as ever)."""
+        other = self.clone()
+        for name in ("params", "grads", "masters", "state", "absmaxes", "kwargs"):
+            setattr(other, name, _mapped(getattr(other, name), lambda t: t.to(backend.device)))
+        other.backend = backend
         return other
 
     def __call__(self, **extra) -> None:
         lists = (self.params, self.grads, *self.state, self.masters)
         if self.fmt is None:
-            getattr(EMULATED, self.op)(*lists, *self.per_step, **self.kwargs, **extra)
+            self.backend.op(self.op)(*lists, *self.per_step, **self.kwargs, **extra)
         else:
-            getattr(EMULATED, self.spec.compact_name)(*lists, self.absmaxes, self.keys, *self.per_step,
-                                                      **self.kwargs, **extra)
+            self.backend.op(self.spec.compact_name)(*lists, self.absmaxes, self.keys, *self.per_step, **self.kwargs,
+                                                    **extra)
+
+    def new_sums(self, fill: float = 0.0) -> torch.Tensor:
+        return torch.full((len(self.sizes), 2), fill, dtype=torch.float64, device=self.params[0].device)
 
 
-def _cloned(v):
+def _mapped(v, f):
+    """v with f applied to every tensor in it (lists and dicts copied)."""
     if isinstance(v, torch.Tensor):
-        return v.clone()
+        return f(v)
     if isinstance(v, list):
-        return [_cloned(x) for x in v]
+        return [_mapped(x, f) for x in v]
     if isinstance(v, dict):
-        return {k: _cloned(x) for k, x in v.items()}
+        return {k: _mapped(x, f) for k, x in v.items()}
     return v
 
 
@@ -129,15 +137,15 @@ def _assert_bitwise(ours: list[torch.Tensor], theirs: list[torch.Tensor], what: 
 
 
 def _phased(call: Call) -> torch.Tensor:
-    """The sharded step's two calls on ``call``; the sums after the first (a copy)."""
+    """The sharded step's two calls on ``call``; the sums after the first (on the CPU)."""
     before = call.clone().tensors()
-    sums = torch.zeros(len(call.sizes), 2, dtype=torch.float64)
+    sums = call.new_sums()
     call(norm_sums=sums, sums_only=True)
     _assert_bitwise(call.tensors(), before, "the sums-only call wrote a tensor")
     written = sums.clone()
     call(norm_sums=sums)
     assert torch.equal(sums, written), "the update wrote norm_sums"
-    return written
+    return written.cpu()
 
 
 def _accumulation_rtol(dtype) -> float:
@@ -202,10 +210,10 @@ def _assert_sums_within(sums: torch.Tensor, expected: torch.Tensor, bound: torch
 
 
 @pytest.mark.parametrize("op,variant,dtype,masters", _cases(DTYPES))
-def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(op, variant, dtype, masters):
+def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(backend, op, variant, dtype, masters):
     """Bit for bit the one call; Σv², and Σg² (LARS) or Σu² (LAMB), as torch sums them in float64."""
-    call = Call(op, variant, dtype, masters)
-    inputs, one = call.clone(), call.clone()
+    inputs = Call(op, variant, dtype, masters)
+    call, one = inputs.on(backend), inputs.on(backend)
     one()
     sums = _phased(call)
     _assert_bitwise(call.tensors(), one.tensors(), "phased vs one call")
@@ -225,13 +233,14 @@ def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(op, variant,
 
 
 @pytest.mark.parametrize("op,variant,fmt,dtype,masters,sr_state,sr_params", _cases(COMPACT))
-def test_compact_twin_sums_only_then_update_is_the_one_call(op, variant, fmt, dtype, masters, sr_state, sr_params):
+def test_compact_twin_sums_only_then_update_is_the_one_call(backend, op, variant, fmt, dtype, masters, sr_state,
+                                                           sr_params):
     """Bit for bit the one call (codes, absmaxes and rounding keys included); Σv² (and LARS's Σg²)
     as torch sums them in float64. LAMB's Σu² of the decoded moments is bound to the list op's
     through the bit-identity with the one call, whose results tests/emulation/test_compact_cuda.py
     compares with the CPU kernels'."""
-    call = Call(op, variant, dtype, masters, fmt, sr_state, sr_params)
-    inputs, one = call.clone(), call.clone()
+    inputs = Call(op, variant, dtype, masters, fmt, sr_state, sr_params)
+    call, one = inputs.on(backend), inputs.on(backend)
     one()
     sums = _phased(call)
     _assert_bitwise(call.tensors(), one.tensors(), "phased vs one call")
@@ -244,28 +253,28 @@ def test_compact_twin_sums_only_then_update_is_the_one_call(op, variant, fmt, dt
 
 
 @pytest.mark.parametrize("op", list(VARIANTS))
-def test_two_halves_stepped_with_the_whole_sums_step_as_the_whole_tensor(op):
+def test_two_halves_stepped_with_the_whole_sums_step_as_the_whole_tensor(backend, op):
     """The sharded step in one process: a tensor cut into two halves (two params of one call),
     the halves' rows added (the all-reduce) and given to both halves' update, steps each half as
     the whole tensor steps in one call. fp64: the sums differ from the whole tensor's only in
     their order of addition (≤ 2·_accumulation_rtol relative), so the trust ratio r and the step
     lr·r·u by some 1e-13 of themselves."""
-    whole = Call(op, "trust", torch.float64, False, sizes=(140000,), seed=3)
-    start = whole.params[0].clone()
-    halves = whole.clone()
-    halves.sizes = (70001, 140000 - 70001)
+    inputs = Call(op, "trust", torch.float64, False, sizes=(140000,), seed=3)
+    inputs.per_step = [[False]] if inputs.per_step else []
+    cut = inputs.clone()
+    cut.sizes = (70001, 140000 - 70001)
 
     def split(t):
-        return [t.clone(), t.clone()] if t.dim() == 0 else [x.clone() for x in t.split(halves.sizes)]
-    halves.params, halves.grads = split(whole.params[0]), split(whole.grads[0])
-    halves.state = [split(lst[0]) for lst in whole.state]
-    whole.per_step = [[False]] if whole.per_step else []
-    halves.per_step = [[False, False]] if halves.per_step else []
-    sums = torch.zeros(2, 2, dtype=torch.float64)
+        return [t.clone(), t.clone()] if t.dim() == 0 else [x.clone() for x in t.split(cut.sizes)]
+    cut.params, cut.grads = split(inputs.params[0]), split(inputs.grads[0])
+    cut.state = [split(lst[0]) for lst in inputs.state]
+    cut.per_step = [[False, False]] if cut.per_step else []
+    whole, halves = inputs.on(backend), cut.on(backend)
+    sums = halves.new_sums()
     halves(norm_sums=sums, sums_only=True)
     halves(norm_sums=sums.sum(0, keepdim=True).repeat(2, 1))
     whole()
-    assert not torch.equal(whole.params[0], start), "the step changed nothing"
+    assert not torch.equal(whole.params[0].cpu(), inputs.params[0]), "the step changed nothing"
     for ours, theirs in ((halves.params, whole.params), *zip(halves.state, whole.state)):
         if theirs[0].dim() == 0:  # the step counters
             assert [float(t) for t in ours] == [float(theirs[0])] * 2
@@ -275,15 +284,16 @@ def test_two_halves_stepped_with_the_whole_sums_step_as_the_whole_tensor(op):
 
 @pytest.mark.parametrize("compact", [False, True], ids=["list", "compact"])
 @pytest.mark.parametrize("op", list(VARIANTS))
-def test_with_found_inf_neither_call_writes_anything(op, compact):
-    call = (Call(op, "trust", torch.bfloat16, False, "8bit", False, True) if compact
-            else Call(op, "trust", torch.float32, False))
-    call.kwargs["found_inf"] = torch.tensor(1.0)
+def test_with_found_inf_neither_call_writes_anything(backend, op, compact):
+    inputs = (Call(op, "trust", torch.bfloat16, False, "8bit", False, True) if compact
+              else Call(op, "trust", torch.float32, False))
+    inputs.kwargs["found_inf"] = torch.tensor(1.0)
+    call = inputs.on(backend)
     before = call.clone().tensors()
-    sums = torch.full((len(SIZES), 2), -1.0, dtype=torch.float64)
+    sums = call.new_sums(-1.0)
     call(norm_sums=sums, sums_only=True)
     assert bool((sums == -1.0).all()), "the sums-only call wrote norm_sums despite found_inf"
-    call(norm_sums=torch.ones(len(SIZES), 2, dtype=torch.float64))
+    call(norm_sums=call.new_sums(1.0))
     _assert_bitwise(call.tensors(), before, "a call with found_inf wrote a tensor")
 
 
@@ -299,10 +309,10 @@ BAD_SUMS = {
 @pytest.mark.parametrize("sums_only", [True, False], ids=["sums_only", "update"])
 @pytest.mark.parametrize("bad", list(BAD_SUMS))
 @pytest.mark.parametrize("op", list(VARIANTS))
-def test_a_bad_norm_sums_is_refused_before_anything_is_written(op, bad, sums_only):
-    call = Call(op, "trust", torch.float32, False)
+def test_a_bad_norm_sums_is_refused_before_anything_is_written(backend, op, bad, sums_only):
+    call = Call(op, "trust", torch.float32, False).on(backend)
     before = call.clone().tensors()
-    sums = BAD_SUMS[bad](len(SIZES))
+    sums = BAD_SUMS[bad](len(SIZES)).to(backend.device)
     with pytest.raises(RuntimeError, match=r"norm_sums must be a contiguous float64 tensor of shape \[5, 2\]"):
         call(norm_sums=sums, sums_only=sums_only)
     assert not bool(sums.any())
@@ -310,9 +320,17 @@ def test_a_bad_norm_sums_is_refused_before_anything_is_written(op, bad, sums_onl
 
 
 @pytest.mark.parametrize("op", list(VARIANTS))
-def test_sums_only_without_norm_sums_is_refused(op):
-    call = Call(op, "trust", torch.float32, False)
+def test_sums_only_without_norm_sums_is_refused(backend, op):
+    call = Call(op, "trust", torch.float32, False).on(backend)
     before = call.clone().tensors()
     with pytest.raises(RuntimeError, match="sums_only=True needs norm_sums"):
         call(sums_only=True)
     _assert_bitwise(call.tensors(), before, "a refused call wrote a tensor")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("backend", [pytest.param(GPU, id="gpu")], indirect=True)
+def test_norm_sums_on_another_device_than_the_params_is_refused(backend):
+    call = Call("lamb_", "trust", torch.float32, False).on(backend)
+    with pytest.raises(RuntimeError, match="norm_sums must be a contiguous float64 tensor .* on cuda"):
+        call(norm_sums=torch.zeros(len(SIZES), 2, dtype=torch.float64), sums_only=True)
