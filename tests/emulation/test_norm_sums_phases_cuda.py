@@ -18,7 +18,7 @@ import torch
 
 from fused_optim import state_formats
 from fused_optim.specs import SPECS
-from test_cuda import GPU, Backend, backend  # noqa: F401  (the backend fixture: the GPU and the emulation)
+from test_cuda import EMULATED, GPU, Backend, backend  # noqa: F401  (the backend fixture: the GPU and the emulation)
 
 # An empty tensor, a partial block, a partial chunk and three chunks (the kernels' chunks are 65536
 # elements, each summed by one block of 512 threads; sum_chunks adds a tensor's chunk partials).
@@ -98,12 +98,12 @@ class Call:
         other.__dict__ = {k: _mapped(v, torch.Tensor.clone) for k, v in self.__dict__.items()}
         return other
 
-    def on(self, backend: Backend) -> "Call":
-        """A copy on the backend's device (the rounding keys stay int64 CPU tensors, as ever)."""
+    def on(self, target: Backend) -> "Call":
+        """A copy on the target backend's device (the rounding keys stay int64 CPU tensors, as ever)."""
         other = self.clone()
         for name in ("params", "grads", "masters", "state", "absmaxes", "kwargs"):
-            setattr(other, name, _mapped(getattr(other, name), lambda t: t.to(backend.device)))
-        other.backend = backend
+            setattr(other, name, _mapped(getattr(other, name), lambda t: t.to(target.device)))
+        other.backend = target
         return other
 
     def __call__(self, **extra) -> None:
@@ -206,7 +206,8 @@ def _lamb_direction(call: Call, dtype) -> tuple[list[torch.Tensor], list[torch.T
 
 def _assert_sums_within(sums: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> None:
     bad = ~((sums - expected).abs() <= bound)
-    assert not bool(bad.any()), f"{what}: {sums[bad].tolist()} vs {expected[bad].tolist()} (bound {bound[bad].tolist()})"
+    assert not bool(bad.any()), \
+        f"{what}: {sums[bad].tolist()} vs {expected[bad].tolist()} (bound {bound[bad].tolist()})"
 
 
 @pytest.mark.parametrize("op,variant,dtype,masters", _cases(DTYPES))
@@ -334,3 +335,26 @@ def test_norm_sums_on_another_device_than_the_params_is_refused(backend):
     call = Call("lamb_", "trust", torch.float32, False).on(backend)
     with pytest.raises(RuntimeError, match="norm_sums must be a contiguous float64 tensor .* on cuda"):
         call(norm_sums=torch.zeros(len(SIZES), 2, dtype=torch.float64), sums_only=True)
+
+
+@pytest.mark.parametrize("backend", [pytest.param(EMULATED, id="emulated")], indirect=True)
+@pytest.mark.parametrize("op", list(VARIANTS))
+def test_the_two_calls_launch_the_summing_passes_once(backend, op):
+    """Counted by the emulation: the sums-only call launches the summing pass and the reduction
+    into the rows (LAMB: its first pass without stores) and nothing else; the update with the rows
+    launches the one call's kernels less the reduction (LARS: less its norm pass too)."""
+    inputs = Call(op, "trust", torch.float32, False)
+    call, one = inputs.on(backend), inputs.on(backend)
+    launches = backend.op("emulated_launches")
+    before = launches()
+    one()
+    one_call = launches() - before
+    sums = call.new_sums()
+    before = launches()
+    call(norm_sums=sums, sums_only=True)
+    sums_only = launches() - before
+    before = launches()
+    call(norm_sums=sums)
+    update = launches() - before
+    assert sums_only == 2
+    assert update == one_call - (1 if op in LAMB else 2)
