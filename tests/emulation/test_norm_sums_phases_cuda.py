@@ -11,7 +11,9 @@ tests/emulation/test_cuda.py (the GPU, tests marked ``cuda``, and the CUDA emula
 * the update takes its trust ratios from the given rows: two halves of a tensor stepped with the
   sums of the whole step as the whole tensor does;
 * with found_inf set neither call writes anything; a bad ``norm_sums`` is refused, naming it,
-  before anything is written."""
+  before anything is written;
+* the sums-only call launches the summing pass and the reduction only, the update with the rows
+  the one call's kernels less the reduction (counted by the emulation)."""
 
 import pytest
 import torch
