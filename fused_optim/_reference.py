@@ -19,12 +19,6 @@ def _skip(found_inf: Tensor | None) -> bool:
     return found_inf is not None and bool(found_inf.item() != 0)
 
 
-def _refuse_phases(norm_sums, sums_only) -> None:
-    """The phased calls are not implemented by the reference on this branch."""
-    if norm_sums is not None or sums_only:
-        raise NotImplementedError("norm_sums / sums_only are not implemented by the reference on this branch")
-
-
 def _lr(lr: float, lr_tensor: Tensor | None) -> float:
     """The op's learning rate: ``lr_tensor``'s value when given (see :mod:`._ops`), else ``lr``."""
     return lr if lr_tensor is None else float(lr_tensor.item())
@@ -86,9 +80,7 @@ def sign_sgd_(params, grads, momentum_buffers, first_step, *, lr, momentum, damp
 
 
 def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampening, weight_decay, nesterov,
-          trust_coefficient, eps, trust_clip, always_adapt, norm_sums=None, sums_only=False, lr_tensor=None,
-          grad_scale=None, found_inf=None) -> None:
-    _refuse_phases(norm_sums, sums_only)
+          trust_coefficient, eps, trust_clip, always_adapt, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -109,8 +101,7 @@ def lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, dampenin
 
 
 def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum, eeta, weight_decay, epsilon, lars,
-                   norm_sums=None, sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None) -> None:
-    _refuse_phases(norm_sums, sums_only)
+                   lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -222,8 +213,7 @@ def _lamb(params, grads, exp_avgs, exp_avg_sqs, steps, per_tensor, *, grad_mul, 
 
 def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, bias_correction,
           grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm=None,
-          norm_sums=None, sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
-    _refuse_phases(norm_sums, sums_only)
+          lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
@@ -244,9 +234,7 @@ def lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
 
 
 def colossal_lamb_(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, eps, weight_decay, adam,
-                   bias_correction, norm_sums=None, sums_only=False, lr_tensor=None, grad_scale=None, found_inf=None,
-                   settle=None) -> None:
-    _refuse_phases(norm_sums, sums_only)
+                   bias_correction, lr_tensor=None, grad_scale=None, found_inf=None, settle=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
