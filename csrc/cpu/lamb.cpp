@@ -247,19 +247,12 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
 
 }  // namespace
 
-// The phased calls (norm_sums, sums_only) are not implemented by the CPU kernels on this branch.
-static void refuse_lamb_norm_sums(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only) {
-  TORCH_CHECK(!sums_only && !(norm_sums.has_value() && norm_sums->defined()), "fused_optim::", op,
-              ": norm_sums / sums_only are not implemented on this branch's CPU kernels");
-}
-
 void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
-              bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+              bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {
-  refuse_lamb_norm_sums("lamb_", norm_sums, sums_only);
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
             false, false, lr_tensor, grad_scale, found_inf);
@@ -270,10 +263,9 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
                       double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                       double max_grad_norm, bool use_nvlamb, bool trust_clip,
-                      const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
+                      const std::optional<at::Tensor>& global_grad_norm, bool stochastic_state,
                       bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  refuse_lamb_norm_sums("lamb_compact_", norm_sums, sums_only);
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
             eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
             global_grad_norm, stochastic_state, stochastic_params, lr_tensor, grad_scale, found_inf);
@@ -281,10 +273,9 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                        at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2,
-                       double eps, double weight_decay, bool adam, bool bias_correction, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                       double eps, double weight_decay, bool adam, bool bias_correction,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
-  refuse_lamb_norm_sums("colossal_lamb_", norm_sums, sums_only);
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps,
                      weight_decay, adam, bias_correction, false, false, lr_tensor, grad_scale, found_inf);
 }
@@ -292,12 +283,11 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
 void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                                at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
-                               double beta2, double eps, double weight_decay, bool adam, bool bias_correction, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                               double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                bool stochastic_state, bool stochastic_params,
                                const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
-  refuse_lamb_norm_sums("colossal_lamb_compact_", norm_sums, sums_only);
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,
                      beta2, eps, weight_decay, adam, bias_correction, stochastic_state, stochastic_params, lr_tensor,
                      grad_scale, found_inf);

@@ -60,18 +60,11 @@ void colossal_lars_impl(at::TensorList model, at::TensorList grads_in, at::Tenso
 
 }  // namespace
 
-// The phased calls (norm_sums, sums_only) are not implemented by the CPU kernels on this branch.
-static void refuse_lars_norm_sums(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only) {
-  TORCH_CHECK(!sums_only && !(norm_sums.has_value() && norm_sums->defined()), "fused_optim::", op,
-              ": norm_sums / sums_only are not implemented on this branch's CPU kernels");
-}
-
 void lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
               const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
-              bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+              bool nesterov, double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
               const std::optional<at::Tensor>& found_inf) {
-  refuse_lars_norm_sums("lars_", norm_sums, sums_only);
   lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, false, false, lr_tensor, grad_scale, found_inf);
 }
@@ -79,10 +72,9 @@ void lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, a
 void lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
                       at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
                       double momentum, double dampening, double weight_decay, bool nesterov,
-                      double trust_coefficient, double eps, bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                      double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
                       bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  refuse_lars_norm_sums("lars_compact_", norm_sums, sums_only);
   lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, stochastic_state, stochastic_params, lr_tensor,
             grad_scale, found_inf);
@@ -90,9 +82,8 @@ void lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
 
 void colossal_lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
                        const c10::List<bool>& first_step, double lr, double momentum, double eeta, double weight_decay,
-                       double epsilon, bool lars, const std::optional<at::Tensor>& norm_sums, bool sums_only, const std::optional<at::Tensor>& lr_tensor,
+                       double epsilon, bool lars, const std::optional<at::Tensor>& lr_tensor,
                        const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  refuse_lars_norm_sums("colossal_lars_", norm_sums, sums_only);
   colossal_lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, eeta, weight_decay, epsilon, lars,
                      false, false, lr_tensor, grad_scale, found_inf);
 }
@@ -100,11 +91,10 @@ void colossal_lars_cpu(at::TensorList model, at::TensorList grads, at::TensorLis
 void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs,
                                at::TensorList masters, at::TensorList absmaxes, at::TensorList keys,
                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                               double weight_decay, double epsilon, bool lars, const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
+                               double weight_decay, double epsilon, bool lars, bool stochastic_state,
                                bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
-  refuse_lars_norm_sums("colossal_lars_compact_", norm_sums, sums_only);
   colossal_lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, eeta, weight_decay,
                      epsilon, lars, stochastic_state, stochastic_params, lr_tensor, grad_scale, found_inf);
 }
