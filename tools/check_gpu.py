@@ -6,10 +6,11 @@ the budget; a step the budget no longer reaches is reported NOT RUN):
    --target <scratch>`` over the machine's own torch; every later step imports that copy.
 2. build: the CPU kernels and the CUDA library for the GPU present (``tools/gpu_steps.py build``),
    each build's wall time printed (the first-build time on a machine with an empty cache).
-3. tests: ``pytest -m cuda tests/emulation/test_cuda.py tests/emulation/test_compact_cuda.py``: the
-   GPU backend of the CUDA op tests (every op in four dtypes, multi-launch sizes, misaligned
-   storage, found_inf, master weights, every registered optimizer's trajectory vs the CPU kernels,
-   GradScaler, CUDA graph capture and replay of a step, ...).
+3. tests: ``pytest -m cuda tests/emulation/test_cuda.py tests/emulation/test_compact_cuda.py
+   tests/emulation/test_norm_sums_phases_cuda.py``: the GPU backend of the CUDA op tests (every op
+   in four dtypes, multi-launch sizes, misaligned storage, found_inf, master weights, every
+   registered optimizer's trajectory vs the CPU kernels, GradScaler, CUDA graph capture and replay
+   of a step, the layer-wise ops' two calls of a sharded step, ...).
 4. compile: ``torch.compile(fullgraph=True)`` of a FusedSGD and a FusedAdam step == eager.
 5. memcheck, racecheck: ``compute-sanitizer --tool memcheck|racecheck`` over one small step of every
    registered optimizer and one norm (``tools/gpu_steps.py one-step``); SKIPPED, saying so, where
@@ -44,7 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS_SCRIPT = str(REPO / "tools" / "gpu_steps.py")
 # What the wheel is built from (pyproject.toml's packages, package-dir and readme).
 SOURCES = ("pyproject.toml", "README.md", "csrc", "fused_optim", "lightning_optim", "mmengine_optim")
-CUDA_TEST_FILES = [str(REPO / "tests" / "emulation" / name) for name in ("test_cuda.py", "test_compact_cuda.py")]
+CUDA_TEST_FILES = [str(REPO / "tests" / "emulation" / name)
+                   for name in ("test_cuda.py", "test_compact_cuda.py", "test_norm_sums_phases_cuda.py")]
 DRY_RUN_TESTS = ["-m", "not cuda", "-k", "emulated and found_inf"]  # a few seconds of emulated tests
 TAIL_LINES = 40
 FAILING = ("FAILED", "TIMEOUT", "NOT RUN")

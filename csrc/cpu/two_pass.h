@@ -114,12 +114,10 @@ struct NormSums {
   bool sums_only = false;
 };
 
-// The checked arguments (csrc/host/checks.h: check_norm_sums).
+// The checked arguments (csrc/host/checks.h: checked_norm_sums).
 inline NormSums norm_sums_of(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only,
                              at::TensorList params) {
-  check_norm_sums(op, norm_sums, sums_only, params);
-  if (!norm_sums.has_value() || !norm_sums->defined()) return {};
-  return {norm_sums->data_ptr<double>(), sums_only};
+  return {checked_norm_sums(op, norm_sums, sums_only, params), sums_only};
 }
 
 }  // namespace fused_optim

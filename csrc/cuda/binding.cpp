@@ -203,12 +203,16 @@ class CompactCall {
   at::Tensor keys_;
 };
 
-// The SGD family: per-tensor first-step flags split the tensors into two launches.
+// The SGD family: per-tensor first-step flags split the tensors into two launches. The layer-wise
+// ops' sums (Σv², Σg²) come from the rows of norm_sums when given (cuda::NormSums); with
+// sums_only the call writes those rows and nothing else.
 void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorList params, at::TensorList grads_in,
                      at::TensorList bufs, at::TensorList masters, const c10::List<bool>& first_step,
                      cuda::SgdArgs args, double lr, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                     const OptTensor& found_inf, const CompactInputs& compact = {}) {
+                     const OptTensor& found_inf, const CompactInputs& compact = {},
+                     const OptTensor& norm_sums = std::nullopt, bool sums_only = false) {
   if (params.empty()) return;
+  const cuda::NormSums phase{checked_norm_sums(op, norm_sums, sums_only, params), sums_only};
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
@@ -230,13 +234,18 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
   auto g = pointers(grads), b = pointers(bufs);
   const auto sizes = sizes_of(params);
   std::optional<SumsScratch> norms;
-  if (args.trust != cuda::TrustRatio::kNone) {
+  if (phase.sums_only || (args.trust != cuda::TrustRatio::kNone && phase.rows == nullptr)) {
     norms.emplace(device, n, max_chunks_of(sizes), 2);
     cuda::value_grad_squares_launch(lists.dtypes.storage(), n, lists.values.data(), g.data(), sizes.data(),
                                     norms->sums, stream);
+    if (phase.sums_only) {  // the rows, unless found_inf is set, and nothing else (keys included)
+      cuda::sum_chunks_launch(2, n, {norms->sums.partials, norms->sums.max_chunks, phase.rows}, stream,
+                              args.s.found_inf);
+      return;
+    }
     cuda::sum_chunks_launch(2, n, norms->sums, stream);
-    args.sq_norms = norms->sums.out;
   }
+  if (args.trust != cuda::TrustRatio::kNone) args.sq_norms = phase.rows != nullptr ? phase.rows : norms->sums.out;
   void* const* buf_list = args.momentum != 0.f ? b.data() : nullptr;
   if (first_step.empty() || buf_list == nullptr) {
     cuda::sgd_launch(lists.dtypes, direction, n, lists.values.data(), g.data(), buf_list, lists.model_list(),
@@ -299,8 +308,9 @@ void sign_sgd_call(at::TensorList params, at::TensorList grads, at::TensorList m
 void lars_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
                double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
-               bool trust_clip, bool always_adapt, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-               const OptTensor& found_inf, const CompactInputs& compact) {
+               bool trust_clip, bool always_adapt, const OptTensor& norm_sums, bool sums_only,
+               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+               const CompactInputs& compact) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   if (weight_decay != 0.0 || always_adapt) {
     a.trust = cuda::TrustRatio::kLars;
@@ -309,13 +319,14 @@ void lars_call(at::TensorList params, at::TensorList grads, at::TensorList momen
     a.trust_clip = trust_clip;
   }
   sgd_family_cuda("lars_", cuda::SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, a,
-                  lr, lr_tensor, grad_scale, found_inf, compact);
+                  lr, lr_tensor, grad_scale, found_inf, compact, norm_sums, sums_only);
 }
 
 void colossal_lars_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                         at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
-                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& lr_tensor,
-                        const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
+                        bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                        const OptTensor& found_inf, const CompactInputs& compact) {
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
   a.clamp = kColossalLarsGradClamp;
   if (lars) {
@@ -324,7 +335,7 @@ void colossal_lars_call(at::TensorList params, at::TensorList grads, at::TensorL
     a.eps = epsilon;
   }
   sgd_family_cuda("colossal_lars_", cuda::SgdDirection::kClamp, params, grads, momentum_buffers, master_params,
-                  first_step, a, lr, lr_tensor, grad_scale, found_inf, compact);
+                  first_step, a, lr, lr_tensor, grad_scale, found_inf, compact, norm_sums, sums_only);
 }
 
 void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories,
@@ -454,9 +465,11 @@ void adagrad_call(at::TensorList params, at::TensorList grads_in, at::TensorList
 // lamb_ and colossal_lamb_ after their own argument translation (a.s is set here).
 void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs,
                    at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, cuda::LambArgs a,
-                   double lr, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
-                   const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+                   double lr, const OptTensor& global_grad_norm, const OptTensor& norm_sums, bool sums_only,
+                   const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+                   const CompactInputs& compact) {
   if (params.empty()) return;
+  const cuda::NormSums phase{checked_norm_sums(op, norm_sums, sums_only, params), sums_only};
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
@@ -484,33 +497,34 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
     cuda::sum_chunks_launch(1, 1, {grad_sq->sums.partials, n * max_chunks, grad_sq->sums.out}, stream);
     a.grad_sq = grad_sq->sums.out;
   }
-  SumsScratch norms(device, a.trust_ratio ? n : 0, max_chunks, 2);
+  SumsScratch norms(device, a.trust_ratio || phase.sums_only ? n : 0, max_chunks, 2);
   cuda::lamb_launch(lists.dtypes, n, lists.values.data(), g.data(), m.data(), v.data(), lists.model_list(),
-                    step_ptrs.data(), call.absmaxes(), sizes.data(), a, norms.sums, stream);
-  call.finish(found_inf);
+                    step_ptrs.data(), call.absmaxes(), sizes.data(), a, norms.sums, phase, stream);
+  if (!phase.sums_only) call.finish(found_inf);
 }
 
 void lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
                double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
-               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& norm_sums,
+               bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
+               const CompactInputs& compact) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
                                               adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
   run_lamb_cuda("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, global_grad_norm,
-                lr_tensor, grad_scale, found_inf, compact);
+                norm_sums, sums_only, lr_tensor, grad_scale, found_inf, compact);
 }
 
 void colossal_lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                         double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
-                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-                        const CompactInputs& compact) {
+                        const OptTensor& norm_sums, bool sums_only, const OptTensor& lr_tensor,
+                        const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, std::nullopt,
-                lr_tensor, grad_scale, found_inf, compact);
+                norm_sums, sums_only, lr_tensor, grad_scale, found_inf, compact);
 }
 
 // The list ops and their compact twins (the schemas' argument order, csrc/host/update_ops.h).
@@ -554,40 +568,43 @@ void sign_sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::Tens
 void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
                double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
-               bool trust_clip, bool always_adapt, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-               const OptTensor& found_inf) {
+               bool trust_clip, bool always_adapt, const OptTensor& norm_sums, bool sums_only,
+               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
-            trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf, {});
+            trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
+            {});
 }
 
 void lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                        at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                        const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                        double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
-                       bool always_adapt, bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
-                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+                       bool always_adapt, const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
+                       bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                       const OptTensor& found_inf) {
   lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
-            trust_coefficient, eps, trust_clip, always_adapt, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes,
-            rounding_keys, stochastic_state, stochastic_params});
+            trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
 }
 
 void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                         at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
-                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& lr_tensor,
-                        const OptTensor& grad_scale, const OptTensor& found_inf) {
+                        double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
+                        bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                        const OptTensor& found_inf) {
   colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
-                     epsilon, lars, lr_tensor, grad_scale, found_inf, {});
+                     epsilon, lars, norm_sums, sums_only, lr_tensor, grad_scale, found_inf, {});
 }
 
 void colossal_lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                                 at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                                 const c10::List<bool>& first_step, double lr, double momentum, double eeta,
-                                double weight_decay, double epsilon, bool lars, bool stochastic_state,
-                                bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                                const OptTensor& found_inf) {
+                                double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
+                                bool sums_only, bool stochastic_state, bool stochastic_params,
+                                const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
-                     epsilon, lars, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
-                     stochastic_state, stochastic_params});
+                     epsilon, lars, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
+                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
 }
 
 void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -613,11 +630,11 @@ void adam_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
 void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
                double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
-               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf) {
+               bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& norm_sums,
+               bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-            lr_tensor, grad_scale, found_inf, {});
+            norm_sums, sums_only, lr_tensor, grad_scale, found_inf, {});
 }
 
 void lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -625,31 +642,33 @@ void lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
                        at::TensorList rounding_keys, double lr, double beta1, double beta2, double eps,
                        double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                        double max_grad_norm, bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm,
-                       bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
-                       const OptTensor& grad_scale, const OptTensor& found_inf) {
+                       const OptTensor& norm_sums, bool sums_only, bool stochastic_state, bool stochastic_params,
+                       const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-            lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state,
-            stochastic_params});
+            norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
 }
 
 void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                         at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                         double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
-                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
+                        const OptTensor& norm_sums, bool sums_only, const OptTensor& lr_tensor,
+                        const OptTensor& grad_scale, const OptTensor& found_inf) {
   colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
-                     adam, bias_correction, lr_tensor, grad_scale, found_inf, {});
+                     adam, bias_correction, norm_sums, sums_only, lr_tensor, grad_scale, found_inf, {});
 }
 
 void colossal_lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                                 at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                                 at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                 double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
-                                bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
-                                const OptTensor& grad_scale, const OptTensor& found_inf) {
+                                const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
+                                bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                                const OptTensor& found_inf) {
   colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
-                     adam, bias_correction, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
-                     stochastic_state, stochastic_params});
+                     adam, bias_correction, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
+                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
 }
 
 void lion_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList master_params,

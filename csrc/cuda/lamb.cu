@@ -8,6 +8,9 @@
 // Then the step counters are incremented; everything is skipped when found_inf is set. With master
 // weights every pass reads the fp16/bf16 grads and the fp32 masters and state directly (||p|| is
 // the masters' norm), and the passes that update the masters write the rounded params.
+// The sharded step's calls (NormSums, launch.h): the sums-only call runs phase 1 without storing
+// the moments and sums its partials into the given rows (with or without the trust ratio); the
+// update with given rows runs the passes above, phase 2 taking ||p||^2 and ||u||^2 from the rows.
 // lamb_compact_ / colossal_lamb_compact_: the same passes on compact moments or stochastically
 // rounded bf16 params (compact_state.cuh), as the CPU runs them: phase 1 encodes the new moments
 // after summing ||u||^2 of their fp32 values, phase 2 decodes the moments as stored.
@@ -70,16 +73,20 @@ struct LambOnePass {
   }
 };
 
-// Phase 1. Lists: exp_avgs, exp_avg_sqs (mutable), params, grads; steps; the absmaxes of 8-bit
-// moments. Partials of ||p||², ||u||².
-template <typename U>
+// The two-pass launches' arguments: the per-tensor sums are a.sums (phase 2 reads sums.out).
+struct LambSumsArgs {
+  LambArgs lamb;
+  ChunkSums sums;
+};
+
+// Phase 1. Lists: exp_avgs, exp_avg_sqs (mutable when kStore), params, grads; steps; the absmaxes
+// of 8-bit moments. Partials of ||p||², ||u||². Without kStore (the sums-only call) the new moments
+// stay in registers: the same elements in the same order, so the same partials, and nothing stored.
+template <typename U, bool kStore = true>
 struct LambMoments {
   using Types = ListTypes<LambM<U>, LambV<U>, typename U::value_t, typename U::grad_t>;
   static constexpr int kDepth = 5 + Types::kQ8Lists;
-  struct Args {
-    LambArgs lamb;
-    ChunkSums sums;
-  };
+  using Args = LambSumsArgs;
 
   __device__ static void apply(const TensorListMetadata<kDepth>& meta, const Args& a) {
     using M = typename Types::opmath;
@@ -87,7 +94,7 @@ struct LambMoments {
     const Chunk chunk = chunk_of_block(meta);
     const LambRule<M> rule = tensor_lamb<M>(meta, chunk, 4, a.lamb).rule;
     M acc[2] = {};
-    for_each_element<Types, 2>(meta, chunk, [&](M(&x)[4]) {
+    for_each_element<Types, kStore ? 2 : 0>(meta, chunk, [&](M(&x)[4]) {
       rule.moments(x[2], x[3], x[0], x[1]);
       const M u = rule.direction(x[2], x[0], x[1]);
       acc[0] = fma(x[2], x[2], acc[0]);
@@ -102,7 +109,7 @@ struct LambMoments {
 template <typename U>
 struct LambTrustedUpdate {
   using Types = ListTypes<typename U::value_t, LambM<U>, LambV<U>>;
-  using Args = typename LambMoments<U>::Args;
+  using Args = LambSumsArgs;
   static constexpr int kSteps = 3 + U::kModelLists;
   static constexpr int kDepth = kSteps + 1 + Types::kQ8Lists;
 
@@ -125,25 +132,32 @@ struct LambTrustedUpdate {
 void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
                  void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
                  void* const* absmaxes, const int64_t* sizes, const LambArgs& args, const ChunkSums& sums,
-                 cudaStream_t stream) {
+                 const NormSums& phase, cudaStream_t stream) {
   void* const* step_list = reinterpret_cast<void* const*>(steps);
   void* const* m_absmax = absmax_list(absmaxes, n, 0);
   void* const* v_absmax = absmax_list(absmaxes, n, 1);
   dispatch_any_update(dtypes, [&](auto types) {
     using U = decltype(types);
-    if (!args.trust_ratio) {
+    if (!args.trust_ratio && !phase.sums_only) {
       const auto lists = concat_lists(n, {params, exp_avgs, exp_avg_sqs, grads, model, step_list, m_absmax, v_absmax});
       multi_tensor_apply<LambOnePass<U>::kDepth, LambOnePass<U>>(n, lists.data(), sizes, args, stream);
       return;
     }
-    const typename LambMoments<U>::Args both{args, sums};
     const auto phase1 = concat_lists(n, {exp_avgs, exp_avg_sqs, params, grads, step_list, m_absmax, v_absmax});
+    if (phase.sums_only) {  // phase 1's sums, into the rows
+      const LambSumsArgs both{args, sums};
+      multi_tensor_apply<LambMoments<U, false>::kDepth, LambMoments<U, false>>(n, phase1.data(), sizes, both, stream);
+      sum_chunks_launch(2, n, {sums.partials, sums.max_chunks, phase.rows}, stream, args.s.found_inf);
+      return;
+    }
+    // Phase 2 reads the per-tensor totals from the given rows, or from phase 1's sums.
+    const LambSumsArgs both{args, {sums.partials, sums.max_chunks, phase.rows != nullptr ? phase.rows : sums.out}};
     multi_tensor_apply<LambMoments<U>::kDepth, LambMoments<U>>(n, phase1.data(), sizes, both, stream);
-    sum_chunks_launch(2, n, sums, stream);
+    if (phase.rows == nullptr) sum_chunks_launch(2, n, sums, stream);
     const auto phase2 = concat_lists(n, {params, exp_avgs, exp_avg_sqs, model, step_list, m_absmax, v_absmax});
     multi_tensor_apply<LambTrustedUpdate<U>::kDepth, LambTrustedUpdate<U>>(n, phase2.data(), sizes, both, stream);
   });
-  increment_steps_launch(n, steps, args.s, stream);
+  if (!phase.sums_only) increment_steps_launch(n, steps, args.s, stream);
 }
 
 }  // namespace cuda

@@ -97,8 +97,20 @@ void sum_squares_launch(DType dtype, int64_t n, void* const* pointers, const int
 // norm.cu: the chunk partials of Σv² and Σg² (2 lists) of an update's values and grads.
 void value_grad_squares_launch(const UpdateDTypes& dtypes, int64_t n, void* const* values, void* const* grads,
                                const int64_t* sizes, const ChunkSums& sums, cudaStream_t stream);
-// out[t * lists + k] = Σ_chunk partials, for tensors t < n.
-void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream);
+// out[t * lists + k] = Σ_chunk partials, for tensors t < n; nothing is written when found_inf
+// (nullable) is set.
+void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream,
+                       const float* found_inf = nullptr);
+
+// The phased calls of the layer-wise ops (lars_, colossal_lars_, lamb_, colossal_lamb_) for
+// sharded params: rows (nullptr: one call) holds rows[2t] = S_p, rows[2t + 1] = S_x of tensor t,
+// the sums of squares its trust ratio takes ||p|| and ||g|| (LAMB: ||u||) from. With sums_only
+// the call writes the rows and nothing else (nothing at all when found_inf is set); without, the
+// update takes its per-tensor totals from the rows instead of summing its own.
+struct NormSums {
+  double* rows = nullptr;
+  bool sums_only = false;
+};
 
 // steps.cu: steps[t] += 1 for every t, unless found_inf is set.
 void increment_steps_launch(int64_t n, float* const* steps, const DeviceScalars& scalars, cudaStream_t stream);
@@ -147,12 +159,14 @@ struct LambArgs : LambOptions {  // (csrc/shared/lamb_math.h)
   const double* grad_sq = nullptr;
 };
 
-// sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio. absmaxes:
-// with 8-bit state those of exp_avgs, exp_avg_sqs (absmax_list), else nullptr.
+// sums: per-tensor scratch for the trust ratio (2 lists), used when args.trust_ratio or
+// phase.sums_only. absmaxes: with 8-bit state those of exp_avgs, exp_avg_sqs (absmax_list), else
+// nullptr. phase: the sharded step's calls (NormSums); with sums_only nothing but the rows is
+// written (no moments, params or step counters).
 void lamb_launch(const UpdateDTypes& dtypes, int64_t n, void* const* params, void* const* grads,
                  void* const* exp_avgs, void* const* exp_avg_sqs, void* const* model, float* const* steps,
                  void* const* absmaxes, const int64_t* sizes, const LambArgs& args, const ChunkSums& sums,
-                 cudaStream_t stream);
+                 const NormSums& phase, cudaStream_t stream);
 
 // lion.cu: Lion (the math: csrc/shared/lion_math.h). absmaxes: with 8-bit state those of
 // exp_avgs (absmax_list), else nullptr.

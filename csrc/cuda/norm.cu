@@ -28,7 +28,8 @@ struct SumSquaresFunctor {
 };
 
 template <int K>
-__global__ void __launch_bounds__(kBlockSize) sum_chunks_kernel(ChunkSums sums) {
+__global__ void __launch_bounds__(kBlockSize) sum_chunks_kernel(ChunkSums sums, const float* found_inf) {
+  if (found_inf != nullptr && *found_inf != 0.f) return;
   const int64_t t = blockIdx.x;
   double v[K] = {};
   for (int64_t c = threadIdx.x; c < sums.max_chunks; c += blockDim.x) {
@@ -62,12 +63,12 @@ void value_grad_squares_launch(const UpdateDTypes& dtypes, int64_t n, void* cons
   });
 }
 
-void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream) {
+void sum_chunks_launch(int lists, int64_t n, const ChunkSums& sums, cudaStream_t stream, const float* found_inf) {
   if (n == 0) return;
   if (lists == 1) {
-    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<1>), static_cast<unsigned>(n), kBlockSize, stream, sums);
+    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<1>), static_cast<unsigned>(n), kBlockSize, stream, sums, found_inf);
   } else {
-    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<2>), static_cast<unsigned>(n), kBlockSize, stream, sums);
+    FUSED_OPTIM_LAUNCH((sum_chunks_kernel<2>), static_cast<unsigned>(n), kBlockSize, stream, sums, found_inf);
   }
 }
 

@@ -46,24 +46,6 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
   }
 }
 
-// The norm_sums / sums_only arguments of a layer-wise op (the sharded step's two calls,
-// fused_optim/sharding.py): none (then not sums_only), or a contiguous float64 [n, 2] tensor on
-// the params' device, one row of per-tensor sums for each of the n params.
-inline void check_norm_sums(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only,
-                            at::TensorList params) {
-  const bool given = norm_sums.has_value() && norm_sums->defined();
-  TORCH_CHECK(given || !sums_only, "fused_optim::", op,
-              ": sums_only=True needs norm_sums, the float64 [n, 2] tensor it writes the per-tensor sums to");
-  if (!given) return;
-  const auto& s = *norm_sums;
-  const auto n = static_cast<int64_t>(params.size());
-  TORCH_CHECK(s.scalar_type() == at::kDouble && s.dim() == 2 && s.size(0) == n && s.size(1) == 2 &&
-                  s.layout() == at::kStrided && s.is_contiguous() && (params.empty() || s.device() == params[0].device()),
-              "fused_optim::", op, ": norm_sums must be a contiguous float64 tensor of shape [", n,
-              ", 2] (one row per param) on the params' device; got ", s.scalar_type(), " of shape ", s.sizes(),
-              s.layout() == at::kStrided && !s.is_contiguous() ? " (not contiguous)" : "", " on ", s.device());
-}
-
 // Read-only inputs of one op call (grads, the norm op's tensors), contiguous: the caller's tensors
 // where they already are (borrowed: they outlive the call, and no Tensor handle is copied),
 // contiguous copies where not.
@@ -124,6 +106,26 @@ inline UpdatedParams checked_params(const char* op, at::TensorList params, at::T
     }
   }
   return {params, masters};
+}
+
+// The phased calls of the layer-wise ops (lars_, colossal_lars_, lamb_, colossal_lamb_), whose
+// norm_sums holds row t = (S_p, S_x) of params[t]: a contiguous float64 [n, 2] tensor on the
+// params' device. Returns its data, or nullptr without norm_sums (one call; sums_only needs it).
+inline double* checked_norm_sums(const char* op, const std::optional<at::Tensor>& norm_sums, bool sums_only,
+                                 at::TensorList params) {
+  if (!norm_sums.has_value() || !norm_sums->defined()) {
+    TORCH_CHECK(!sums_only, "fused_optim::", op, ": sums_only=True needs norm_sums, the float64 [", params.size(),
+                ", 2] tensor it writes the per-tensor sums into");
+    return nullptr;
+  }
+  const at::Tensor& s = *norm_sums;
+  const int64_t n = static_cast<int64_t>(params.size());
+  TORCH_CHECK(s.scalar_type() == at::kDouble && s.dim() == 2 && s.size(0) == n && s.size(1) == 2 &&
+                  s.layout() == at::kStrided && s.is_contiguous() && (n == 0 || s.device() == params[0].device()),
+              "fused_optim::", op, ": norm_sums must be a contiguous float64 tensor of shape [", n,
+              ", 2] (one row per param) on the params' device, got ", s.scalar_type(), " of shape ", s.sizes(),
+              (s.is_contiguous() ? "" : " (not contiguous)"), " on ", s.device());
+  return s.data_ptr<double>();
 }
 
 }  // namespace fused_optim
