@@ -57,8 +57,9 @@ inline void check_norm_sums(const char* op, const std::optional<at::Tensor>& nor
   if (!given) return;
   const auto& s = *norm_sums;
   const auto n = static_cast<int64_t>(params.size());
+  const bool on_device = params.empty() || s.device() == params[0].device();
   TORCH_CHECK(s.scalar_type() == at::kDouble && s.dim() == 2 && s.size(0) == n && s.size(1) == 2 &&
-                  s.layout() == at::kStrided && s.is_contiguous() && (params.empty() || s.device() == params[0].device()),
+                  s.layout() == at::kStrided && s.is_contiguous() && on_device,
               "fused_optim::", op, ": norm_sums must be a contiguous float64 tensor of shape [", n,
               ", 2] (one row per param) on the params' device; got ", s.scalar_type(), " of shape ", s.sizes(),
               s.layout() == at::kStrided && !s.is_contiguous() ? " (not contiguous)" : "", " on ", s.device());
