@@ -15,6 +15,7 @@ Writes a markdown table (rank 0's medians; every rank steps the same sizes) to `
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +25,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import interleaved_medians, resnet50_shapes
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _most_calls(inner: dict[str, int]) -> dict[str, int]:
@@ -82,10 +85,12 @@ def run(ranks: list[int], out: Path, repeats: int, min_sample_s: float, tensors:
     for world in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             result = Path(tmp) / "result.pt"
+            # Run from the clone's root, first on the path: fairscale installs a package named benchmarks too.
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
             procs = [subprocess.Popen([sys.executable, "-m", "benchmarks.sharded_norms", "--rank", str(r),
                                        "--world", str(world), "--store", f"{tmp}/store", "--result", str(result),
                                        "--repeats", str(repeats), "--min-sample-s", str(min_sample_s),
-                                       "--tensors", str(tensors)])
+                                       "--tensors", str(tensors)], cwd=REPO, env=env)
                      for r in range(world)]
             if any(p.wait() != 0 for p in procs):
                 raise RuntimeError(f"a rank of the {world}-rank run failed")
