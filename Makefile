@@ -10,7 +10,7 @@ PIP := $(PY) $(PIP_INSTALL)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 # Measured on 2 idle cores, kernels cached (docs/design.md, "Tests"); printed by the targets.
-TEST_MINUTES := about 10
+TEST_MINUTES := about 14
 FAST_MINUTES := about 3
 
 .PHONY: test test-fast demo bench install check-cuda-build check-gpu torch-optim-tests
