@@ -212,10 +212,9 @@ def _assert_sums_within(sums: torch.Tensor, expected: torch.Tensor, bound: torch
         f"{what}: {sums[bad].tolist()} vs {expected[bad].tolist()} (bound {bound[bad].tolist()})"
 
 
-@pytest.mark.parametrize("op,variant,dtype,masters", _cases(DTYPES))
-def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(backend, op, variant, dtype, masters):
-    """Bit for bit the one call; Σv², and Σg² (LARS) or Σu² (LAMB), as torch sums them in float64."""
-    inputs = Call(op, variant, dtype, masters)
+def _phased_is_the_one_call(inputs, backend, dtype):
+    """The two calls on one copy of ``inputs``, the one call on another: bit for bit the same
+    tensors, and the sums' Σv² as torch sums it in float64. Returns the sums and their rtol."""
     call, one = inputs.on(backend), inputs.on(backend)
     one()
     sums = _phased(call)
@@ -223,6 +222,20 @@ def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(backend, op,
     rtol = _accumulation_rtol(dtype)
     s_p = torch.stack([(v.double() ** 2).sum() for v in (inputs.masters or inputs.params)])
     _assert_sums_within(sums[:, 0], s_p, rtol * s_p, "S_p")
+    return sums, rtol
+
+
+def _assert_grad_sums(sums, inputs, rtol) -> None:
+    """LARS's second column: Σg² of the grads as stored (not unscaled), as torch sums it in float64."""
+    s_g = torch.stack([(g.double() ** 2).sum() for g in inputs.grads])
+    _assert_sums_within(sums[:, 1], s_g, rtol * s_g, "S_g")
+
+
+@pytest.mark.parametrize("op,variant,dtype,masters", _cases(DTYPES))
+def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(backend, op, variant, dtype, masters):
+    """Bit for bit the one call; Σv², and Σg² (LARS) or Σu² (LAMB), as torch sums them in float64."""
+    inputs = Call(op, variant, dtype, masters)
+    sums, rtol = _phased_is_the_one_call(inputs, backend, dtype)
     if op in LAMB:
         us, errors = _lamb_direction(inputs, dtype)
         s_u = torch.stack([(u ** 2).sum() for u in us])
@@ -230,8 +243,7 @@ def test_sums_only_then_update_is_the_one_call_and_sums_the_squares(backend, op,
         bound = torch.stack([((2 * u.abs() + e) * e).sum() for u, e in zip(us, errors)]) + rtol * s_u
         _assert_sums_within(sums[:, 1], s_u, bound, "S_u")
     else:
-        s_g = torch.stack([(g.double() ** 2).sum() for g in inputs.grads])  # as stored: not unscaled
-        _assert_sums_within(sums[:, 1], s_g, rtol * s_g, "S_g")
+        _assert_grad_sums(sums, inputs, rtol)
     assert sums[0].tolist() == [0.0, 0.0]  # the empty tensor
 
 
@@ -243,16 +255,9 @@ def test_compact_twin_sums_only_then_update_is_the_one_call(backend, op, variant
     through the bit-identity with the one call, whose results tests/emulation/test_compact_cuda.py
     compares with the CPU kernels'."""
     inputs = Call(op, variant, dtype, masters, fmt, sr_state, sr_params)
-    call, one = inputs.on(backend), inputs.on(backend)
-    one()
-    sums = _phased(call)
-    _assert_bitwise(call.tensors(), one.tensors(), "phased vs one call")
-    rtol = _accumulation_rtol(dtype)
-    s_p = torch.stack([(v.double() ** 2).sum() for v in (inputs.masters or inputs.params)])
-    _assert_sums_within(sums[:, 0], s_p, rtol * s_p, "S_p")
+    sums, rtol = _phased_is_the_one_call(inputs, backend, dtype)
     if op not in LAMB:
-        s_g = torch.stack([(g.double() ** 2).sum() for g in inputs.grads])
-        _assert_sums_within(sums[:, 1], s_g, rtol * s_g, "S_g")
+        _assert_grad_sums(sums, inputs, rtol)
 
 
 @pytest.mark.parametrize("op", list(VARIANTS))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import os
 import sys
-import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,15 +26,15 @@ from fused_optim import fsdp1
 from fused_optim.process_group import end_process_group, init_process_group
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # tests/workers: sharded_worker
-from sharded_worker import OPTIONS  # noqa: E402 (each optimizer's options that do all it does)
+from sharded_worker import OPTIONS, train_side_by_side  # noqa: E402 (each optimizer's options that do all it does)
+from fsdp2_mlp import make_mlp  # noqa: E402 (tests/, which sharded_worker puts on the path)
 
 TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
 STEPS = 3
 
 
 def mlp() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    return make_mlp(0, torch.float32)
 
 
 def wrapped(model: torch.nn.Module, use_orig_params: bool) -> FSDP:
@@ -50,19 +49,10 @@ def wrapped(model: torch.nn.Module, use_orig_params: bool) -> FSDP:
 def run(name: str, kwargs: dict, use_orig_params: bool) -> dict:
     whole = mlp()
     sharded = wrapped(copy.deepcopy(whole), use_orig_params)
-    opt_whole = fused_optim.create_optimizer(name, whole.parameters(), **kwargs)
-    opt_sharded = fused_optim.create_optimizer(name, sharded.parameters(), **kwargs)
-    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(2))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(STEPS):
-            for model, opt in ((whole, opt_whole), (sharded, opt_sharded)):
-                opt.zero_grad()
-                model(x).square().mean().backward()
-                opt.step()
+    opt_sharded, caught = train_side_by_side(name, kwargs, whole, sharded, STEPS)
     with FSDP.summon_full_params(sharded):
         params = [(q.detach().clone(), p.detach()) for q, p in zip(sharded.module.parameters(), whole.parameters())]
-    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+    return {"implementation": opt_sharded.implementation, "warnings": caught,
             "params": params}
 
 

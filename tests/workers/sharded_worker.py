@@ -13,7 +13,6 @@ with ``full_tensor()``; a case that raises is saved as its message).
 
 from __future__ import annotations
 
-import copy
 import sys
 import traceback
 import warnings
@@ -26,6 +25,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import fused_optim
 from fused_optim.process_group import end_process_group, init_process_group
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp2_mlp
 
 TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
 STEPS = 4
@@ -73,29 +74,30 @@ def run(name: str, kwargs: dict, place, shapes=SHAPES, dtype=torch.float32) -> d
             "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)], "state": state}
 
 
-def fsdp2_run(name: str, kwargs: dict, mesh) -> dict:
-    """A 2-layer MLP under ``fully_shard`` (FSDP2) against the same MLP whole, the same batch on
-    every rank (FSDP2 averages the ranks' grads: equal grads average to themselves exactly on 2 ranks)."""
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    whole = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
-    sharded = copy.deepcopy(whole)
-    for layer in sharded:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)
+def train_side_by_side(name: str, kwargs: dict, whole: torch.nn.Module, wrapped: torch.nn.Module, steps: int):
+    """``name`` made for each model and both trained ``steps`` steps on the same batch (the same on
+    every rank: a wrapper that averages the ranks' grads gets them exact on 2 ranks); returns the
+    wrapped model's optimizer and the messages of the warnings the training raised."""
     opt_whole = fused_optim.create_optimizer(name, whole.parameters(), **kwargs)
-    opt_sharded = fused_optim.create_optimizer(name, sharded.parameters(), **kwargs)
+    opt_wrapped = fused_optim.create_optimizer(name, wrapped.parameters(), **kwargs)
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(2))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(STEPS):
-            for model, opt in ((whole, opt_whole), (sharded, opt_sharded)):
+        for _ in range(steps):
+            for model, opt in ((whole, opt_whole), (wrapped, opt_wrapped)):
                 opt.zero_grad()
                 model(x).square().mean().backward()
                 opt.step()
-    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+    return opt_wrapped, [str(w.message) for w in caught]
+
+
+def fsdp2_run(name: str, kwargs: dict, mesh) -> dict:
+    """A 2-layer MLP under ``fully_shard`` (FSDP2) against the same MLP whole."""
+    from fsdp2_mlp import make_mlp
+
+    whole, sharded = make_mlp(0, torch.float32), make_mlp(0, torch.float32, mesh)
+    opt, caught = train_side_by_side(name, kwargs, whole, sharded, STEPS)
+    return {"implementation": opt.implementation, "warnings": caught,
             "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole.parameters(), sharded.parameters())],
             "state": []}
 
