@@ -104,7 +104,7 @@ def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int)
     if keys is None:
         bits = [None] * len(tensors)
     else:
-        bits = [state_formats.random_bits(int(key), stream, t.numel()) for key, t in zip(keys, tensors)]
+        bits = [state_formats.random_bits(int(key), stream, t.numel(), t.device) for key, t in zip(keys, tensors)]
     return list(tensors), [functools.partial(_store_bf16, t, b) for t, b in zip(tensors, bits)]
 
 
@@ -202,7 +202,7 @@ class OpSpec:
             store(x)
         if stochastic_params:
             for i, (p, x) in enumerate(zip(params, run_params)):
-                p.copy_(state_formats.round_bf16(x, state_formats.random_bits(int(keys[i]), 0, p.numel())))
+                p.copy_(state_formats.round_bf16(x, state_formats.random_bits(int(keys[i]), 0, p.numel(), p.device)))
         if stochastic_state or stochastic_params:
             for key in keys:
                 key.add_(1)

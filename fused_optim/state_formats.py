@@ -63,10 +63,10 @@ def _from_bits(b: Tensor) -> Tensor:
     return torch.where(b >= 2 ** 31, b - 2 ** 32, b).to(torch.int32).view(torch.float32)
 
 
-def entries(signed: bool) -> Tensor:
+def entries(signed: bool, device: torch.device | str = "cpu") -> Tensor:
     """The 256 entries (fp32) by byte: the value of byte c before the block's scale absmax / top."""
     m_bits = mantissa_bits(signed)
-    code = torch.arange(256, dtype=torch.int64)
+    code = torch.arange(256, dtype=torch.int64, device=device)
     m = code & 0x7F if signed else code
     subnormal = m.float() * 2.0 ** -(15 + m_bits)
     normal = _from_bits((m + (111 << m_bits)) << (23 - m_bits))
@@ -79,7 +79,7 @@ def blocks_of(numel: int) -> int:
 
 
 def _block_absmax(flat: Tensor) -> Tensor:
-    padded = torch.zeros(blocks_of(flat.numel()) * BLOCK, dtype=torch.float32)
+    padded = torch.zeros(blocks_of(flat.numel()) * BLOCK, dtype=torch.float32, device=flat.device)
     padded[:flat.numel()] = flat
     return padded.view(-1, BLOCK).abs().amax(dim=1)
 
@@ -110,7 +110,7 @@ def decode_8bit(codes: Tensor, absmax: Tensor, signed: bool) -> Tensor:
     """The fp32 values of 8-bit state (codes of any shape, one absmax per block of 256)."""
     n = codes.numel()
     scale = (absmax / top(signed)).repeat_interleave(BLOCK)[:n]
-    values = entries(signed)[codes.reshape(-1).long()] * scale
+    values = entries(signed, codes.device)[codes.reshape(-1).long()] * scale
     return values.view(codes.shape)
 
 
@@ -138,10 +138,10 @@ def stream_seed(key: int, stream: int) -> int:
     return _scalar_hash(mixed ^ ((stream * 0x9E3779B9) & _M32))
 
 
-def random_bits(key: int, stream: int, numel: int) -> Tensor:
+def random_bits(key: int, stream: int, numel: int, device: torch.device | str = "cpu") -> Tensor:
     """16 random bits per element (int64): hash(seed ^ low 32 bits of i ^ hash(i >> 32)) & 0xffff."""
     seed = stream_seed(key, stream)
-    i = torch.arange(numel, dtype=torch.int64)
+    i = torch.arange(numel, dtype=torch.int64, device=device)
     high = hash32(i >> 32)
     return hash32((i & _M32) ^ seed ^ high) & 0xFFFF
 

@@ -106,6 +106,23 @@ def test_a_non_zero_second_moment_never_decodes_to_zero():
     assert bool((y[:3] > 0).all()) and y[3].item() == 0.0
 
 
+def test_the_formats_compute_on_their_input_s_device():
+    """Encoding, decoding, random bits, rounding and a state conversion create every tensor on
+    the device of what they are given (on a GPU they once mixed in CPU tensors and failed). The
+    ``meta`` device stands in for one here: an op mixing it with a CPU tensor raises."""
+    x = torch.empty(700, device="meta")
+    codes, absmax = sf.encode_8bit(x, signed=True)
+    assert codes.device.type == absmax.device.type == "meta" and absmax.shape == (3,)
+    assert sf.decode_8bit(codes, absmax, signed=True).device.type == "meta"
+    bits = sf.random_bits(5, 1, x.numel(), x.device)
+    assert bits.device.type == "meta" and sf.round_bf16(x, bits).device.type == "meta"
+    state = {"exp_avg": torch.empty(700, device="meta")}
+    sf.convert_state(state, [("exp_avg", True)], torch.uint8)
+    assert state["exp_avg"].device.type == state["exp_avg_absmax"].device.type == "meta"
+    sf.convert_state(state, [("exp_avg", True)], torch.bfloat16)
+    assert state["exp_avg"].dtype == torch.bfloat16 and state["exp_avg"].device.type == "meta"
+
+
 def test_nearest_bf16_rounding_is_torch_s():
     x = torch.randn(10000) * 10 ** torch.randint(-30, 30, (10000,)).float()
     assert torch.equal(sf.round_bf16(x), x.to(torch.bfloat16))
