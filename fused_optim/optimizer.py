@@ -37,8 +37,9 @@ moments in fewer bytes (formats: :mod:`.state_formats`): such a group steps thro
 compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved (8-bit codes
 with a trailing dimension of 1, which no other optimizer takes for moments).
 
-``opt.implementation`` records what the last step used: ``"fused"``, ``"reference"`` or
-``"mixed"`` (``None`` before the first step of an optimizer that may fuse).
+``opt.implementation`` records what the last eager step used: ``"fused"``, ``"reference"`` or
+``"mixed"`` (``None`` before the first step of an optimizer that may fuse); a step compiled by
+``torch.compile`` leaves it as it was (dynamo before torch 2.13 cannot trace the write).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         self.implementation: str | None = "reference" if fused is False else None
         self._plans: dict[int, Plan] = {}
         self._warned: set[str] = set()
-        self._checked: dict[int, list] = {}  # id(group) -> its hyperparameters at their last check
+        self._checked: dict[int, list] = {}  # group index -> its hyperparameters at their last check
         # lr=None (apex's and quadra's torch `required`): the constructor leaves lr to every param group
         self._check_group({**defaults, "lr": 0.0} if lr_missing(defaults) else defaults)
         super().__init__(params, defaults)
@@ -240,7 +241,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
                 used.add("fused")
                 continue
             used.update(self._step_general(gi, group, scalars, amp))
-        if used:
+        if used and not torch.compiler.is_compiling():
             self.implementation = used.pop() if len(used) == 1 else "mixed"
         return loss
 
@@ -287,7 +288,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             found_inf = amp["found_inf"]
             if found_inf is not None and bool(found_inf.item()):
                 self._forget(group, plan)  # a skipped (overflow) first step: params never stepped
-            self._plans.pop(id(group), None)  # the lists change after a param's first step
+            self._drop_plan(group)  # the lists change after a param's first step
         return used
 
     def _forget(self, group: dict, plan: Plan) -> None:
@@ -299,7 +300,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             else:
                 made.state.clear()
                 made.state.update(made.before)
-        self._plans.pop(id(group), None)
+        self._drop_plan(group)
+
+    def _drop_plan(self, group: dict) -> None:
+        if not torch.compiler.is_compiling():  # (nothing is cached under dynamo)
+            self._plans.pop(id(group), None)
 
     def _step_direct(self, group: dict, scalars: dict, amp: dict) -> bool:
         """The common case in one call, without touching a grad in Python: the group's cached plan
@@ -307,7 +312,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         False (nothing changed) sends the step down the general path, which rebuilds the plan
         when a grad went missing and reports errors (sparse or mixed-dtype grads)."""
         plan = self._cached_plan(group)
-        if plan is None or not plan.direct or torch.compiler.is_compiling():
+        if plan is None or not plan.direct:
             return False
         try:
             return self._step_twin(plan.buckets[0], scalars, amp)
@@ -331,6 +336,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
 
     def _cached_plan(self, group: dict) -> Plan | None:
         """The group's plan if its lists are still those of the group's params, layout and state."""
+        if torch.compiler.is_compiling():  # dynamo traces the plan each time; nothing is cached
+            return None
         plan = self._plans.get(id(group))
         if plan is None or plan.state_version != self.state.version:
             return None
@@ -350,7 +357,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         plan = self._cached_plan(group)
         if plan is not None and plan.has_grad == has_grad:
             return plan
-        plan = Plan(self._plan_key(group), group["params"], has_grad, [])
+        compiling = torch.compiler.is_compiling()  # dynamo traces the plan; it cannot store it
+        plan = Plan(None if compiling else self._plan_key(group), group["params"], has_grad, [])
         try:
             self._fill_plan(plan, gi, group, grads)
         except BaseException:
@@ -359,7 +367,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         plan.state_version = self.state.version
         plan.direct = len(plan.buckets) == 1 and plan.buckets[0].whole and plan.buckets[0].fused \
             and not plan.buckets[0].sharded
-        if not torch.compiler.is_compiling():  # dynamo traces the plan; it cannot store it
+        if not compiling:
             self._plans[id(group)] = plan
         return plan
 
@@ -378,11 +386,13 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
             by_kind.setdefault((layers.of(p), p.device, p.dtype, fused, sharding.is_dtensor(p)), []).append(i)
-        fresh_ids = {id(made.state) for made in plan.created if made.first}
+        # ids of params (a param listed twice is fresh twice, as in torch.optim); dynamo traces
+        # id() of a tensor, not of a dict
+        fresh_ids = {id(made.param) for made in plan.created if made.first}
         for (_, _, _, fused, sharded), index in by_kind.items():
             params = [group["params"][i] for i in index]
             states = [self.state.get(p, {}) for p in params]
-            state, per_step = self._state_lists(group, params, states, [id(st) in fresh_ids for st in states])
+            state, per_step = self._state_lists(group, params, states, [id(p) in fresh_ids for p in params])
             flags = None
             if compact:
                 flags, extra = param_state.compact_lists(self._spec, group, params, states, state)
@@ -481,11 +491,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         after the groups before it stepped. The lr, which schedulers and AdaScale change from step
         to step, is left out of the comparison: every step checks only that it is a number or a
         Tensor (what the kernels take), its range is checked with the group's other values."""
-        for group in self.param_groups:
+        for gi, group in enumerate(self.param_groups):
             values = [v for k, v in group.items() if k != "params" and k != "lr"]
-            if self._checked.get(id(group)) != values:
+            if self._checked.get(gi) != values:
                 self._check_group(group)
-                self._checked[id(group)] = values
+                self._checked[gi] = values
             elif not (is_real(group["lr"]) or isinstance(group["lr"], Tensor)):
                 check_lr(group["lr"])  # raises, naming it
 

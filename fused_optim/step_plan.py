@@ -104,7 +104,7 @@ class Created:
 class Plan:
     """A group's step: its buckets, run in order, and what they were built for."""
 
-    key: tuple  # what the lists are built for (FusedOptimizer._plan_key)
+    key: tuple | None  # what the lists are built for (FusedOptimizer._plan_key; None under dynamo: not cached)
     params: list  # the group's params list, held: its id in the key cannot be reused
     has_grad: list[bool]  # which params had a grad when the plan was built
     buckets: list[Bucket]
