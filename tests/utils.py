@@ -91,7 +91,8 @@ def assert_pairs_close(names, actual, expected, rtol):
     """:func:`assert_rel_close` for each pair (named by ``names``), in one batch of tensor ops."""
     lengths = torch.tensor([e.numel() for e in expected])
     assert [a.numel() for a in actual] == lengths.tolist(), f"{names}: sizes differ"
-    a, e = (torch.cat([t.detach().reshape(-1) for t in ts]).double() for ts in (actual, expected))
+    # on the CPU: a GPU run's tensors are compared with the CPU kernels'
+    a, e = (torch.cat([t.detach().reshape(-1).cpu() for t in ts]).double() for ts in (actual, expected))
     # per tensor: max|a − e| and max|e| (-inf for an empty tensor: no error, scale 1)
     err = torch.segment_reduce((a - e).abs(), "max", lengths=lengths, unsafe=True)
     scale = torch.segment_reduce(e.abs(), "max", lengths=lengths, unsafe=True).clamp(min=1.0)

@@ -296,7 +296,9 @@ def test_every_registered_optimizer_steps_on_cuda_like_on_the_cpu(backend, name)
         with backend.context(), _OpsCalled() as called:
             ours.step()
         theirs.step()
-        assert f"{backend.namespace}::{ours.op_name}" in called.names  # the CUDA code ran
+        # the CUDA code ran: the list op, or from the second step its bucket twin (an eager
+        # step's one call, csrc/cpu/bucket.h), which calls the list op in C++, out of the mode's sight
+        assert called.names & {f"{backend.namespace}::{ours.op_name}", f"{backend.namespace}::{ours.op_name}bucket"}
         assert_state_close(ours, theirs, 20 * torch.finfo(torch.float32).eps, f"{name} step {step}")
     assert ours.implementation == "fused"
 
