@@ -8,6 +8,7 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import statistics
 import sys
@@ -117,9 +118,11 @@ def variants(opt: str) -> dict[str, Callable[[list[torch.nn.Parameter]], Callabl
         kw = {k.replace("trust_coeff", "trust_coefficient"): v for k, v in timm_kw.items()}
     timed = {"fused_optim": lambda ps: ours(ps, fused=True, **kw).step}
     timm_cls = timm_optimizers()[0].get(timm)
-    if timm_cls is not None:
+    if timm_cls is not None and "foreach" in inspect.signature(timm_cls).parameters:
         timed["timm foreach"] = lambda ps: timm_cls(ps, foreach=True, **timm_kw).step
         timed["timm single"] = lambda ps: timm_cls(ps, foreach=False, **timm_kw).step
+    elif timm_cls is not None:  # a timm whose Lamb / Lars take no foreach: their loops are per tensor
+        timed["timm single"] = lambda ps: timm_cls(ps, **timm_kw).step
     if opt == "lamb":
         timed[FUSED_ADAM] = variants("adamw")["fused_optim"]
     return timed
