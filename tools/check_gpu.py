@@ -6,16 +6,20 @@ the budget; a step the budget no longer reaches is reported NOT RUN):
    --target <scratch>`` over the machine's own torch; every later step imports that copy.
 2. build: the CPU kernels and the CUDA library for the GPU present (``tools/gpu_steps.py build``),
    each build's wall time printed (the first-build time on a machine with an empty cache).
-3. tests: ``pytest -m cuda tests/emulation/test_cuda.py tests/emulation/test_compact_cuda.py
-   tests/emulation/test_norm_sums_phases_cuda.py``: the GPU backend of the CUDA op tests (every op
-   in four dtypes, multi-launch sizes, misaligned storage, found_inf, master weights, every
-   registered optimizer's trajectory vs the CPU kernels, GradScaler, CUDA graph capture and replay
-   of a step, the layer-wise ops' two calls of a sharded step, ...).
-4. compile: ``torch.compile(fullgraph=True)`` of a FusedSGD and a FusedAdam step == eager.
-5. memcheck, racecheck: ``compute-sanitizer --tool memcheck|racecheck`` over one small step of every
+3. errors: a C++ error in a kernel reaches Python as a RuntimeError (``gpu_steps.py errors``: a
+   minimal extension's, then fused_optim's CPU and CUDA ops'); a crash here is the toolchain's.
+4. tests: ``pytest -m cuda -k "not refused" tests/emulation/test_cuda.py
+   tests/emulation/test_compact_cuda.py tests/emulation/test_norm_sums_phases_cuda.py``: the GPU
+   backend of the CUDA op tests (every op in four dtypes, multi-launch sizes, misaligned storage,
+   found_inf, master weights, every registered optimizer's trajectory vs the CPU kernels,
+   GradScaler, CUDA graph capture and replay of a step, the layer-wise ops' two calls of a sharded
+   step, ...); refusals: the same files' ``-k refused`` tests (bad arguments raise and write
+   nothing), apart, so that a crash in them cannot hide the others' results.
+5. compile: ``torch.compile(fullgraph=True)`` of a FusedSGD and a FusedAdam step == eager.
+6. memcheck, racecheck: ``compute-sanitizer --tool memcheck|racecheck`` over one small step of every
    registered optimizer and one norm (``tools/gpu_steps.py one-step``); SKIPPED, saying so, where
    compute-sanitizer is not on PATH.
-6. bench: ``python -m benchmarks --device cuda`` (benchmarks/cuda.py: ours vs torch fused and
+7. bench: ``python -m benchmarks --device cuda`` (benchmarks/cuda.py: ours vs torch fused and
    foreach, CUDA events, the copy-bandwidth probe) on ``--bench-lists``; its tables land in
    ``<out>/bench``.
 
@@ -48,6 +52,7 @@ SOURCES = ("pyproject.toml", "README.md", "csrc", "fused_optim", "lightning_opti
 CUDA_TEST_FILES = [str(REPO / "tests" / "emulation" / name)
                    for name in ("test_cuda.py", "test_compact_cuda.py", "test_norm_sums_phases_cuda.py")]
 DRY_RUN_TESTS = ["-m", "not cuda", "-k", "emulated and found_inf"]  # a few seconds of emulated tests
+DRY_RUN_REFUSALS = ["-m", "not cuda", "-k", "emulated and sums_only_without_norm_sums"]  # 4 of them
 TAIL_LINES = 40
 FAILING = ("FAILED", "TIMEOUT", "NOT RUN")
 
@@ -100,15 +105,19 @@ def plan(args, site: Path, out: Path) -> list[Step]:
     emulated = ["--emulated"] if dry else []
     sanitizer = shutil.which("compute-sanitizer")
     no_sanitizer = "dry run: no GPU" if dry else "compute-sanitizer is not on PATH"
+    pytest = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TEST_FILES]
     steps = [
         Step("install", "pip install --no-deps --no-build-isolation --target <scratch>", 120,
              [py, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
               "--no-build-isolation", "--no-index", "--target", str(site), str(site.parent / "src")]),
         Step("build", "CPU kernels and " + ("the emulated CUDA library" if dry else "the CUDA library, first build"),
              300, [py, STEPS_SCRIPT, "build", *emulated]),
+        Step("errors", "a kernel's C++ error raises in Python (a minimal extension, then ours)", 120,
+             [py, STEPS_SCRIPT, "errors", *emulated]),
         Step("tests", "pytest: the " + ("emulated (a few)" if dry else "GPU") + " backend of the CUDA op tests", 240,
-             [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TEST_FILES,
-              *(DRY_RUN_TESTS if dry else ["-m", "cuda"])]),
+             [*pytest, *(DRY_RUN_TESTS if dry else ["-m", "cuda", "-k", "not refused"])]),
+        Step("refusals", "pytest: the CUDA op tests' bad arguments, refused with an error", 60,
+             [*pytest, *(DRY_RUN_REFUSALS if dry else ["-m", "cuda", "-k", "refused"])]),
         Step("compile", "torch.compile(fullgraph=True) of a FusedSGD and a FusedAdam step == eager", 150,
              [py, STEPS_SCRIPT, "compile", *emulated]),
     ]
@@ -184,6 +193,8 @@ def run_step(step: Step, env: dict, deadline: float, logs: Path, cwd: Path) -> N
         try:
             step.exit_code = proc.wait(timeout=limit)
             step.status = "PASSED" if step.exit_code == 0 else "FAILED"
+            if step.exit_code < 0:  # a crash: the output's last lines say where
+                step.reason = f"killed by {signal.Signals(-step.exit_code).name}"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

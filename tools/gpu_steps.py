@@ -9,6 +9,10 @@ and exiting non-zero on a mismatch:
   program ``compute-sanitizer`` runs under ``--tool memcheck`` and ``--tool racecheck``.
 - ``compile``: ``torch.compile(step, fullgraph=True)`` of FusedSGD and FusedAdam steps on the GPU
   equals eager steps of a twin (3 steps; fp32, one kernel each way: tolerance a few ulps).
+- ``errors``: a C++ error raised in an op's kernel reaches Python as a RuntimeError: first that of
+  a minimal extension built here with torch's own flags (not on ``--emulated``: its build would
+  cost the dry run half a minute), then fused_optim's CPU kernels' and its CUDA library's. Where
+  the first one crashes the interpreter, the machine's toolchain, not fused_optim, is at fault.
 
 ``--emulated``: CPU tensors sent through the CUDA code by ``fused_optim.testing.emulated_cuda()``
 (the dry run on a machine without a GPU; ``compile`` then uses dynamo's ``eager`` backend, which
@@ -98,7 +102,43 @@ def compiled(emulated: bool) -> None:
         print(f"{cls.__name__}: torch.compile(fullgraph=True, backend={backend}) == eager over 3 steps")
 
 
-COMMANDS = {"build": build, "one-step": one_step, "compile": compiled}
+_PROBE = """#include <ATen/ATen.h>
+#include <torch/library.h>
+void fails(const at::Tensor& t) { TORCH_CHECK(false, "refused a tensor of shape ", t.sizes()); }
+TORCH_LIBRARY(fused_optim_error_probe, m) { m.def("fails(Tensor t) -> ()", &fails); }
+"""
+
+
+def _raises(what: str, call, message: str) -> None:
+    print(f"{what}: calling", flush=True)  # the last line printed where a crash ends the program
+    try:
+        call()
+    except RuntimeError as e:
+        if message not in str(e):
+            sys.exit(f"{what}: raised {str(e).splitlines()[0]!r}, not one saying {message!r}")
+        print(f"{what}: raised RuntimeError", flush=True)
+        return
+    sys.exit(f"{what}: did not raise")
+
+
+def errors(emulated: bool) -> None:
+    if not emulated:
+        from torch.utils.cpp_extension import load_inline
+
+        load_inline("fused_optim_error_probe", cpp_sources=_PROBE, is_python_module=False)
+        _raises("a minimal extension's TORCH_CHECK", lambda: torch.ops.fused_optim_error_probe.fails(torch.zeros(2)),
+                "refused a tensor of shape [2]")
+    device, context = _where(emulated)
+    floats = torch.zeros(1)  # sums must be float64
+    _raises("fused_optim's CPU kernels", lambda: fused_optim.sum_squares_(floats, [torch.ones(3)], [0], fused=True),
+            "sums must be a contiguous 1-D float64")
+    with context():
+        _raises("fused_optim's CUDA library" + (" (emulated)" if emulated else ""),
+                lambda: fused_optim.sum_squares_(floats.to(device), [torch.ones(3, device=device)], [0], fused=True),
+                "sums must be a contiguous 1-D float64")
+
+
+COMMANDS = {"build": build, "errors": errors, "one-step": one_step, "compile": compiled}
 
 
 def main(argv: list[str] | None = None) -> None:

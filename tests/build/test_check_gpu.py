@@ -16,7 +16,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "check_gpu.sh"
-STEPS = ["install", "build", "tests", "compile", "memcheck", "racecheck", "bench"]
+STEPS = ["install", "build", "errors", "tests", "refusals", "compile", "memcheck", "racecheck", "bench"]
+RUN_DRY = 6  # the steps a dry run runs; the sanitizers and the benchmark are SKIPPED
 
 
 @functools.cache
@@ -43,15 +44,17 @@ def test_dry_run_installs_into_the_scratch_target_runs_every_step_and_reports(tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
     status = {s["name"]: s["status"] for s in report["steps"]}
     assert list(status) == STEPS
-    assert status == {**dict.fromkeys(STEPS[:4], "PASSED"), **dict.fromkeys(STEPS[4:], "SKIPPED")}
+    assert status == {**dict.fromkeys(STEPS[:RUN_DRY], "PASSED"), **dict.fromkeys(STEPS[RUN_DRY:], "SKIPPED")}
     assert report["result"] == "PASSED" and report["dry_run"] is True and report["budget_s"] == 480
-    assert all(s["reason"].startswith("dry run") for s in report["steps"][4:])
+    assert all(s["reason"].startswith("dry run") for s in report["steps"][RUN_DRY:])
     site = tmp_path / "scratch" / "site"
     assert (site / "fused_optim" / "csrc" / "cuda").is_dir()  # the wheel's layout, by pip
     steps = {s["name"]: s for s in report["steps"]}
     # Every later step imported the installed copy, not the checkout.
     assert f"from {site / 'fused_optim'}" in steps["build"]["output_tail"]
-    assert " passed" in steps["tests"]["output_tail"] and "failed" not in steps["tests"]["output_tail"]
+    for name in ("tests", "refusals"):
+        assert " passed" in steps[name]["output_tail"] and "failed" not in steps[name]["output_tail"]
+    assert "fused_optim's CUDA library (emulated): raised RuntimeError" in steps["errors"]["output_tail"]
     assert "FusedAdam: torch.compile(fullgraph=True, backend=eager) == eager" in steps["compile"]["output_tail"]
     assert Path(steps["tests"]["log"]).read_text().endswith(steps["tests"]["output_tail"] + "\n")
     assert md.startswith("# GPU check: PASSED")
@@ -93,9 +96,21 @@ def test_a_step_past_its_time_is_killed_and_one_past_the_budget_not_run(tmp_path
     assert {"TIMEOUT", "NOT RUN"} <= set(check_gpu.FAILING)
 
 
+def test_a_crashed_step_names_its_signal(tmp_path):
+    """A step whose process dies of a signal (a segfault in a kernel, say) FAILS, naming it; its
+    output up to the crash is kept."""
+    check_gpu = _check_gpu_module()
+    crash = [sys.executable, "-c",
+             "import os, signal; print('last words', flush=True); os.kill(os.getpid(), signal.SIGSEGV)"]
+    step = check_gpu.Step("crash", "segfaults", timeout_s=30, command=crash)
+    check_gpu.run_step(step, dict(os.environ), time.monotonic() + 100, tmp_path, cwd=tmp_path)
+    assert step.status == "FAILED" and step.exit_code == -11 and step.reason == "killed by SIGSEGV"
+    assert "last words" in step.output_tail
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "0"], "--budget 0.0: give a positive number of seconds"),
-    (["--skip", "nosuch"], "--skip nosuch: no such step (choose from install, build, tests"),
+    (["--skip", "nosuch"], "--skip nosuch: no such step (choose from install, build, errors, tests"),
     (["--inject-failure", "nosuch"], "--inject-failure nosuch: no such step"),
 ])
 def test_bad_arguments_exit_naming_the_option_and_the_fix(tmp_path, capsys, argv, message):
@@ -122,8 +137,9 @@ def test_the_gpu_plan_runs_the_gpu_tests_the_sanitizers_where_found_and_the_benc
     args = check_gpu.parse_args([str(tmp_path / "out"), "--bench-lists", "1M", "--bench-repeats", "3"])
     steps = {s.name: s for s in check_gpu.plan(args, tmp_path / "site", tmp_path / "out")}
     assert list(steps) == STEPS
-    assert steps["tests"].command[-2:] == ["-m", "cuda"]
-    assert all("--emulated" not in steps[name].command for name in ("build", "compile"))
+    assert steps["tests"].command[-4:] == ["-m", "cuda", "-k", "not refused"]
+    assert steps["refusals"].command[-4:] == ["-m", "cuda", "-k", "refused"]
+    assert all("--emulated" not in steps[name].command for name in ("build", "errors", "compile"))
     for tool in ("memcheck", "racecheck"):
         if sanitizer:
             assert steps[tool].command == [str(fake), "--tool", tool, "--error-exitcode", "1", "--report-api-errors",
