@@ -22,6 +22,7 @@ import fused_optim
 
 pytest.importorskip("sklearn")
 from examples.digits import DigitsCNN, load_digits  # noqa: E402
+from examples.tiny_lm import TinyLM, lm_loss, markov_text  # noqa: E402
 
 # Each test trains a model for 200 steps (seconds each).
 pytestmark = pytest.mark.slow
@@ -52,53 +53,19 @@ def _digits_run(cls, hyper, fused, dtype=torch.float32, **kwargs) -> float:
         return F.cross_entropy(model(images).float(), labels).item()
 
 
-VOCAB, LENGTH = 12, 32
-
-
-def _text(n: int) -> torch.Tensor:
-    """n sequences of LENGTH + 1 tokens from a fixed random Markov chain (peaked transitions)."""
-    transitions = torch.softmax(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(42)) * 3, dim=1)
-    g = torch.Generator().manual_seed(0)
-    seqs = torch.empty(n, LENGTH + 1, dtype=torch.long)
-    seqs[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
-    for t in range(LENGTH):
-        seqs[:, t + 1] = torch.multinomial(transitions[seqs[:, t]], 1, generator=g).squeeze(1)
-    return seqs
-
-
-class TinyLM(torch.nn.Module):
-    """Token and position embeddings (32 wide), one causal transformer layer, a linear head."""
-
-    def __init__(self, width: int = 32):
-        super().__init__()
-        self.embed = torch.nn.Embedding(VOCAB, width)
-        self.position = torch.nn.Parameter(torch.randn(LENGTH, width) * 0.02)
-        self.layer = torch.nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.0, batch_first=True)
-        self.head = torch.nn.Linear(width, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
-        return self.head(self.layer(self.embed(tokens) + self.position[:tokens.shape[1]], src_mask=mask,
-                                    is_causal=True))
-
-
-def _lm_loss(model, batch) -> torch.Tensor:
-    return F.cross_entropy(model(batch[:, :-1]).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
-
-
 def _lm_run(fused, **kwargs) -> float:
-    data = _text(1024)
+    data = markov_text(1024)
     torch.manual_seed(0)
     model = TinyLM()
     opt = fused_optim.AdamW(model.parameters(), lr=3e-3, fused=fused, **kwargs)
     g = torch.Generator().manual_seed(0)
     for _ in range(STEPS):
         opt.zero_grad()
-        _lm_loss(model, data[torch.randint(0, len(data), (16,), generator=g)]).backward()
+        lm_loss(model, data[torch.randint(0, len(data), (16,), generator=g)]).backward()
         opt.step()
     assert opt.implementation == ("fused" if fused else "reference")
     with torch.no_grad():
-        return _lm_loss(model, data[:256]).item()
+        return lm_loss(model, data[:256]).item()
 
 
 LAMB = dict(lr=1e-2)  # FusedLAMB's defaults otherwise: weight decay 0.01 (the trust ratio), clipping at 1
