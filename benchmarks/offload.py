@@ -19,7 +19,8 @@ variant's bandwidth (its bytes / its time) over the probe's; "× vs" columns are
 over the variant's (> 1: faster than the peer).
 
 DeepSpeed is not a dependency of the package. For its column install it, pinning torch so that
-pip keeps this one (its CPU Adam is compiled with ninja on first use):
+pip keeps this one (its CPU Adam is compiled with ninja on first use; docs/benchmarks.md gives
+the install its measurements there used, without build isolation):
 
     pip install deepspeed torch==2.13.0
 
