@@ -25,8 +25,8 @@ takes p + (g / (√s + eps))·(−η) in one multiply-add (ours: p + (−η·g) 
 Lion also allocates an unused fp32 ``exp_avg_sq`` per param (memory only, no traffic).
 
 DeepSpeed is not a dependency. For its rows install it, pinning torch so that pip keeps this one
-(its CPU ops are compiled with ninja on first use; see docs/benchmarks.md for an install that
-needs no CUDA toolkit):
+(its CPU ops are compiled with ninja on first use; docs/benchmarks.md gives the install its
+measurements there used, without build isolation):
 
     pip install deepspeed torch==2.13.0
 
