@@ -13,7 +13,7 @@ after one step on a small tensor). Modes, with the bytes per element one step mu
 
 Threads 1 and 2 (``torch.set_num_threads``, which also sets the OpenMP count DeepSpeed's kernel
 runs on). The variants of one (size, mode, threads) run interleaved in one process, medians over
-``--repeats`` rounds (:func:`benchmarks.common.interleaved_medians`), with the probe of the other
+``--repeats`` rounds (:func:`benchmarks.common.probe_medians`), with the probe of the other
 CPU benchmarks in the same rounds: fp32 ``a.add_(b)``, 12 bytes per element. "of probe" is a
 variant's bandwidth (its bytes / its time) over the probe's; "× vs" columns are the peer's time
 over the variant's (> 1: faster than the peer).
