@@ -1,6 +1,8 @@
 """What the CPU and CUDA benchmarks share: the param lists (ResNet-50's shapes among them), the
 variants each optimizer is timed in (ours, torch.optim's modes, timm's Lamb and Lars), the timing
-loop (interleaved rounds, medians), the result row and its markdown table."""
+loop (interleaved rounds, medians; with the fp32 probe on a set thread count for the CPU
+benchmarks against DeepSpeed), DeepSpeed's optional CPU optimizers, the result row and its
+markdown table."""
 
 from __future__ import annotations
 
@@ -183,6 +185,40 @@ def interleaved_medians(steppers: dict[str, Callable[[], None]], repeats: int, m
         for k, f in steppers.items():
             samples[k].append(time_calls(f, inner[k]))
     return {k: statistics.median(v) for k, v in samples.items()}
+
+
+PROBE_BYTES = 12  # fp32 a.add_(b): read a and b, write a
+
+
+def probe_medians(make_steppers: Callable[[], dict[str, Callable[[], object]]], numel: int, threads: int,
+                  repeats: int, min_sample_s: float) -> tuple[dict[str, float], float]:
+    """(median seconds per call of each stepper, the probe's GB/s) on ``threads`` threads
+    (``torch.set_num_threads``, which also sets the OpenMP count DeepSpeed's kernels run on;
+    restored after). ``make_steppers`` is called with the threads set; the probe, fp32
+    ``a.add_(b)`` over ``numel`` elements (:data:`PROBE_BYTES` per element), runs in the same
+    :func:`interleaved_medians` rounds under the name ``"probe"``."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        steppers = make_steppers()
+        a, b = torch.randn(numel), torch.randn(numel) * 1e-3
+        steppers["probe"] = lambda: a.add_(b)
+        med = interleaved_medians(steppers, repeats, min_sample_s)
+    finally:
+        torch.set_num_threads(previous)
+    return med, PROBE_BYTES * numel / med["probe"] / 1e9
+
+
+def deepspeed_optimizer(module: str, name: str) -> tuple[type | None, str]:
+    """(DeepSpeed's class ``name`` of ``module``, deepspeed's version), or (None, why it is
+    missing). DeepSpeed is not a dependency; its CPU ops are compiled with ninja on first use."""
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError:
+        return None, "not installed"
+    except Exception as exc:  # installed but broken (built for another torch, no compiler)  # noqa: BLE001
+        return None, f"did not import ({type(exc).__name__}: {exc})"
+    return cls, importlib.metadata.version("deepspeed")
 
 
 def table(rows: list[Row], speedup: str, probe: str = "of probe", peer: bool = False, adam: bool = False) -> list[str]:

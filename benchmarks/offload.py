@@ -13,13 +13,14 @@ after one step on a small tensor). Modes, with the bytes per element one step mu
 
 Threads 1 and 2 (``torch.set_num_threads``, which also sets the OpenMP count DeepSpeed's kernel
 runs on). The variants of one (size, mode, threads) run interleaved in one process, medians over
-``--repeats`` rounds (:func:`benchmarks.common.interleaved_medians`), with the probe of the other
+``--repeats`` rounds (:func:`benchmarks.common.probe_medians`), with the probe of the other
 CPU benchmarks in the same rounds: fp32 ``a.add_(b)``, 12 bytes per element. "of probe" is a
 variant's bandwidth (its bytes / its time) over the probe's; "× vs" columns are the peer's time
 over the variant's (> 1: faster than the peer).
 
 DeepSpeed is not a dependency of the package. For its column install it, pinning torch so that
-pip keeps this one (its CPU Adam is compiled with ninja on first use):
+pip keeps this one (its CPU Adam is compiled with ninja on first use; docs/benchmarks.md gives
+the install its measurements there used, without build isolation):
 
     pip install deepspeed torch==2.13.0
 
@@ -31,32 +32,23 @@ Without it its rows and column say "not installed".
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.metadata
 
 import torch
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, interleaved_medians
+from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, probe_medians
 from fused_optim import FusedAdam
 
 KW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)  # AdamW in all three
 SIZES = ("25M", "100M", "max")
 MAX_TENSORS = 20
-PROBE_BYTES = 12  # fp32 a.add_(b): read a and b, write a
 TORCH = "torch fused AdamW"
 DEEPSPEED = "DeepSpeedCPUAdam"
 
 
 def deepspeed_adam() -> tuple[type | None, str]:
     """(DeepSpeedCPUAdam, deepspeed's version), or (None, why it is missing)."""
-    try:
-        module = importlib.import_module("deepspeed.ops.adam")
-    except ModuleNotFoundError:
-        return None, "not installed"
-    except Exception as exc:  # installed but broken (built for another torch, no compiler)  # noqa: BLE001
-        return None, f"did not import ({type(exc).__name__}: {exc})"
-    return module.DeepSpeedCPUAdam, importlib.metadata.version("deepspeed")
+    return deepspeed_optimizer("deepspeed.ops.adam", DEEPSPEED)
 
 
 def modes(deepspeed: type | None) -> dict[str, tuple[torch.dtype, dict]]:
@@ -122,16 +114,9 @@ def bench(mode: str, label: str, shapes, threads: int, repeats: int, deepspeed: 
     """One row per variant of ``mode``: the interleaved medians on ``threads`` threads."""
     dtype, variants = modes(deepspeed)[mode]
     numel = sum(torch.Size(s).numel() for s in shapes)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        steppers = {name: make(make_params(shapes, dtype)).step for name, (make, _) in variants.items()}
-        a, b = torch.randn(numel), torch.randn(numel) * 1e-3
-        steppers["probe"] = lambda: a.add_(b)
-        med = interleaved_medians(steppers, repeats, min_sample_s)
-    finally:
-        torch.set_num_threads(previous)
-    probe_gbs = PROBE_BYTES * numel / med["probe"] / 1e9
+    med, probe_gbs = probe_medians(
+        lambda: {name: make(make_params(shapes, dtype)).step for name, (make, _) in variants.items()},
+        numel, threads, repeats, min_sample_s)
     rows = []
     for name, (_, moved) in variants.items():
         gbs = moved * numel / med[name] / 1e9
