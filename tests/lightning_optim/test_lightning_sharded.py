@@ -2,7 +2,8 @@
 ``ModelParallelStrategy`` (FSDP2: the module's ``configure_model`` applies ``fully_shard``) with
 the optimizer made in ``configure_optimizers``: given in code, by class path on ``LightningCLI``'s
 command line (``--model.optimizer fused_optim.FusedAdam``) and in each YAML config of
-``configs/lightning/``. One launch of
+``configs/lightning/``; and the CLI's own ``--optimizer`` through ``lightning_optim.LightningCLI``,
+which points it at the sharded params (Lightning's own trains nothing there). One launch of
 tests/workers/lightning_sharded_worker.py does every fit (Lightning's popen launcher runs rank 1).
 
 Each fit must step the DTensor shards through the kernels (``implementation == "fused"``, no
@@ -40,7 +41,7 @@ from utils import WORKERS
 WORKER = WORKERS / "lightning_sharded_worker.py"
 TIMEOUT = 1200  # seconds for the launch: far above a loaded run; a hang fails the test
 LAYERWISE = {"FusedLAMB"}
-RUNS = [f"fsdp2/{name}" for name in OPTIMIZERS] + ["cli-fsdp2/FusedAdam"]
+RUNS = [f"fsdp2/{name}" for name in OPTIMIZERS] + ["cli-fsdp2/FusedAdam", "cli-ours/FusedAdam"]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def test_lightning_cli_own_optimizer_option_trains_nothing_under_fsdp2(runs):
     starts, over the module's params then; ``configure_model``'s ``fully_shard`` replaces them by
     DTensors: the optimizer holds none of the params that get grads and never steps (Lightning
     2.6.6, whatever the optimizer; Lightning #19110). docs/frameworks.md says to inject the
-    optimizer instead."""
+    optimizer instead, or to use lightning_optim.LightningCLI (the ``cli-ours`` run)."""
     for run in runs("cli-auto/FusedAdam"):
         assert run["optimizer"] == "FusedAdam" and not run["holds_module_params"]
         assert run["implementation"] is None and not run["state_placed_as_params"]

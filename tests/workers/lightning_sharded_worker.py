@@ -13,6 +13,8 @@ steps; rank r trains on micro-batches r, r + 2, ...:
   class path (``--model.optimizer fused_optim.FusedAdam``), the strategy by class path;
 * ``cli-auto/FusedAdam``: ``LightningCLI``'s own ``--optimizer fused_optim.FusedAdam``, which
   makes the optimizer when the CLI starts, over the params ``fully_shard`` replaces later;
+* ``cli-ours/FusedAdam``: the same through ``lightning_optim.LightningCLI``, which points that
+  optimizer at the sharded params;
 * ``config/<name>``: ``examples.lightning_digits`` (the digits CNN, its LightningCLI) with a YAML
   config of ``configs/lightning/`` (``--trainer.max_steps`` shortened).
 """
@@ -30,6 +32,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.tensor import DTensor
 
 import fused_optim
+import lightning_optim
 from fused_optim.process_group import end_process_group
 
 WORLD = 2
@@ -132,9 +135,9 @@ def fit_own(out: Path, name: str) -> None:
     run_and_save(out, f"fsdp2/{name}", fit)
 
 
-def fit_cli(out: Path, run: str, model: type, args: list[str]) -> None:
+def fit_cli(out: Path, run: str, model: type, args: list[str], cli_class: type = LightningCLI) -> None:
     def fit():
-        cli = LightningCLI(model, run=False, save_config_callback=None, args=args)
+        cli = cli_class(model, run=False, save_config_callback=None, args=args)
         cli.trainer.fit(cli.model)
         return cli.model
 
@@ -148,10 +151,12 @@ def main(out: Path) -> None:
     trainer_args = [f"--trainer.{k}={v}" for k, v in TRAINER.items()] + [
         "--trainer.strategy", "lightning.pytorch.strategies.ModelParallelStrategy",
         "--trainer.strategy.data_parallel_size", str(WORLD), "--trainer.strategy.tensor_parallel_size", "1"]
-    for run, model, key in (("cli-fsdp2", OwnOptimizer, "model.optimizer"), ("cli-auto", Regressor, "optimizer")):
+    for run, model, key, cli_class in (("cli-fsdp2", OwnOptimizer, "model.optimizer", LightningCLI),
+                                       ("cli-auto", Regressor, "optimizer", LightningCLI),
+                                       ("cli-ours", Regressor, "optimizer", lightning_optim.LightningCLI)):
         options = [f"--{key}", "fused_optim.FusedAdam",
                    *(arg for k, v in OPTIMIZERS["FusedAdam"].items() for arg in (f"--{key}.{k}", str(v)))]
-        fit_cli(out, f"{run}/FusedAdam", model, [*options, *trainer_args])
+        fit_cli(out, f"{run}/FusedAdam", model, [*options, *trainer_args], cli_class)
     from examples import lightning_digits
 
     for config in CONFIGS:  # as python -m examples.lightning_digits fit --config CONFIG runs them
