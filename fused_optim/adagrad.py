@@ -62,7 +62,7 @@ class Adagrad(TorchOptimizer, _AdagradUpdate):
     embeddings). See :mod:`.torch_optim` for ``foreach`` / ``fused`` / ``differentiable``;
     ``master_weights``, ``state_dtype``, ``state_rounding`` and ``stochastic_rounding`` are this
     package's (off by default): fp32 masters of fp16/bf16 params, bf16 or ``"8bit"`` sums
-    (the unsigned 8-bit code), stochastic rounding.
+    (the unsigned 8-bit code) or fp32 sums of fp16/bf16 params, stochastic rounding.
     """
 
     def __init__(self, params, lr: float | Tensor = 1e-2, lr_decay: float = 0, weight_decay: float = 0,

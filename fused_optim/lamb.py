@@ -73,8 +73,8 @@ class FusedLAMB(_LambBase):
         amsgrad: not supported (as apex/ColossalAI); True raises.
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
         fused: None (kernels when possible), True (kernels or error), False (reference).
-        state_dtype: ``torch.bfloat16`` or ``"8bit"``: m and v in 2 or ~1 byte
-            (:mod:`.state_formats`). With the trust ratio the update uses them as stored: ‖u‖ is
+        state_dtype: ``torch.bfloat16`` or ``"8bit"``: m and v in 2 or ~1 byte; ``torch.float32``:
+            fp32 m and v of fp16/bf16 params (:mod:`.state_formats`). With the trust ratio the update uses them as stored: ‖u‖ is
             taken from the new moments, then u recomputed from the encoded ones (as fp16/bf16 state).
         state_rounding: ``"stochastic"`` rounds bf16 state stochastically (default ``"nearest"``).
         stochastic_rounding: round bf16 params without master weights stochastically.

@@ -36,8 +36,8 @@ class Lion(FusedOptimizer):
         set_grad_none: default of ``zero_grad(set_to_none=None)``.
         master_weights: fp32 master weights of fp16/bf16 params.
         fused: None (kernels when possible), True (kernels or error), False (reference).
-        state_dtype, state_rounding, stochastic_rounding: compact momentum (bf16 or ``"8bit"``)
-            and stochastic rounding, see :mod:`fused_optim.state_formats`.
+        state_dtype, state_rounding, stochastic_rounding: compact momentum (bf16 or ``"8bit"``;
+            fp32 for fp16/bf16 params) and stochastic rounding, see :mod:`fused_optim.state_formats`.
     """
 
     op_name = "lion_"

@@ -31,10 +31,10 @@ inside and skips everything on overflow).
 ``master_weights=True`` (every optimizer's keyword; a group key when set) gives each fp16/bf16
 param an fp32 master, ``state["master_param"]``; a step updates the masters in fp32 and writes
 each param as its master rounded to nearest even (one kernel pass on the CPU). ``state_dtype``
-(``torch.bfloat16`` or ``"8bit"``), ``state_rounding`` and ``stochastic_rounding`` (keywords of
-the optimizers whose op has compact kernels, ``OpSpec.compact``; group keys when set) keep the
-moments in fewer bytes (formats: :mod:`.state_formats`): such a group steps through its op's
-compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved (8-bit codes
+(``torch.bfloat16`` or ``"8bit"``; ``torch.float32`` for fp16/bf16 params), ``state_rounding``
+and ``stochastic_rounding`` (keywords of the optimizers whose op has compact kernels,
+``OpSpec.compact``; group keys when set) keep the moments in another format (:mod:`.state_formats`):
+such a group steps through its op's compact twin. State dicts keep masters, codes, absmaxes and rounding keys as saved (8-bit codes
 with a trailing dimension of 1, which no other optimizer takes for moments).
 
 ``opt.implementation`` records what the last eager step used: ``"fused"``, ``"reference"`` or

@@ -90,6 +90,12 @@ def _store_bf16(t: Tensor, bits: Tensor | None, x: Tensor) -> Tensor:
     return t.float()
 
 
+def _store_cast(t: Tensor, x: Tensor) -> Tensor:
+    """Stores x into t, rounded to t's dtype; returns the values t now holds."""
+    t.copy_(x)
+    return t.to(x.dtype)
+
+
 def _decoded_8bit(codes: list[Tensor], absmaxes: list[Tensor], signed: bool) -> tuple[list, list]:
     """The fp32 values of a list of 8-bit state tensors, and for each the function storing new
     values back (:func:`_store_8bit`)."""
@@ -221,13 +227,15 @@ class OpSpec:
         for k, spec in self.compact_lists():
             tensors = state[k]
             stochastic_bf16 = stochastic_state and bool(tensors) and tensors[0].dtype == torch.bfloat16
-            if not tensors or (tensors[0].dtype == values[0].dtype and not stochastic_bf16):
-                continue
+            if not tensors or (tensors[0].dtype in (values[0].dtype, math_dtype) and not stochastic_bf16):
+                continue  # plain state, or fp32 state of fp16 / bf16 values: updated as it is
             if tensors[0].dtype == torch.uint8:
                 decoded, stores = _decoded_8bit(tensors, absmaxes[slot * n:(slot + 1) * n], spec.sample != "nonnegative")
                 slot += 1
-            else:
+            elif tensors[0].dtype == torch.bfloat16:
                 decoded, stores = _decoded_bf16(tensors, keys if stochastic_state else None, 1 + k)
+            else:  # fp32 state of fp64 values (their reference only: no kernel takes it)
+                decoded, stores = list(tensors), [functools.partial(_store_cast, t) for t in tensors]
             for i, (x, store) in enumerate(zip(decoded, stores)):
                 tensors[i] = x.to(math_dtype)
                 pending[id(tensors[i])] = tensors[i], store

@@ -25,6 +25,11 @@ no search); a non-zero second moment never takes the byte 0 (it takes the smalle
 divides by √v + eps, and a v rounded to zero would turn a tiny step into one of size lr·m/eps.
 The value of a byte is its entry times absmax / top. Both scales are one fp32 division per block.
 
+**fp32** (``state_dtype=torch.float32``) for fp16 / bf16 params without master weights (DeepSpeed's
+CPU Adam default, bitsandbytes' 32-bit optimizers): the state tensors are float32; a step reads
+them as they are, updates the param in fp32 and rounds it once. (For fp32 params it is their
+plain state.)
+
 **Stochastic rounding** of fp32 to bf16: add 16 random bits to the fp32 bits below the bf16
 mantissa, then truncate. A value between two bf16 neighbours a and b = a + ulp rounds to b with
 probability (x - a)/ulp, so its expectation is x (the magnitude rounds up or down; the sign is
@@ -165,13 +170,16 @@ ROUNDING_KEY = "rounding_key"
 
 
 def normalized_state_dtype(value):
-    """``state_dtype`` as a group holds it: None, ``"bfloat16"`` or ``"8bit"`` (``torch.bfloat16``
-    and ``"bf16"`` are accepted; strings keep state dicts loadable with ``weights_only=True``)."""
-    if value is None or value in ("8bit", "bfloat16"):
+    """``state_dtype`` as a group holds it: None, ``"bfloat16"``, ``"8bit"`` or ``"float32"``
+    (``torch.bfloat16`` and ``"bf16"``, ``torch.float32`` and ``"fp32"`` are accepted; strings keep
+    state dicts loadable with ``weights_only=True``)."""
+    if value is None or value in ("8bit", "bfloat16", "float32"):
         return value
     if value is torch.bfloat16 or value == "bf16":
         return "bfloat16"
-    raise ValueError(f"Invalid state_dtype: {value!r} (use None, torch.bfloat16 or '8bit')")
+    if value is torch.float32 or value == "fp32":
+        return "float32"
+    raise ValueError(f"Invalid state_dtype: {value!r} (use None, torch.bfloat16, '8bit' or torch.float32)")
 
 
 def check_options(group: dict, owner: str, supported: bool) -> None:
@@ -182,9 +190,9 @@ def check_options(group: dict, owner: str, supported: bool) -> None:
     rounding = group.get("state_rounding", "nearest")
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"Invalid state_rounding: {rounding!r} (use 'nearest' or 'stochastic')")
-    if rounding == "stochastic" and group.get("state_dtype") == "8bit":
-        raise ValueError("Invalid state_rounding: 'stochastic' rounds bf16 state; 8-bit state takes the nearest "
-                         "code (use state_dtype=torch.bfloat16, or state_rounding='nearest')")
+    if rounding == "stochastic" and group.get("state_dtype") in ("8bit", "float32"):
+        raise ValueError(f"Invalid state_rounding: 'stochastic' rounds bf16 state; {group['state_dtype']} state is "
+                         "not rounded that way (use state_dtype=torch.bfloat16, or state_rounding='nearest')")
     used = [k for k, default in OPTIONS.items() if group.get(k, default) != default]
     if used and not supported:
         raise ValueError(f"{owner} does not support {', '.join(used)} (compact state and stochastic rounding are "
@@ -212,6 +220,8 @@ def target_dtype(group: dict, values_dtype: torch.dtype) -> torch.dtype:
         return torch.uint8
     if fmt == "bfloat16":
         return torch.bfloat16
+    if fmt == "float32":
+        return torch.float32
     return values_dtype
 
 

@@ -318,6 +318,8 @@ template <StateFormat F, typename S>
 auto state_stream(const CompactArgs& c, at::TensorList list, int64_t t, int k, int slot, bool is_signed) {
   if constexpr (F == StateFormat::kPlain) {
     return ptr<S>(list[t]);
+  } else if constexpr (F == StateFormat::kFp32) {  // of fp16 / bf16 values: read and written as fp32
+    return ptr<float>(list[t]);
   } else if constexpr (F == StateFormat::kBf16) {
     return Bf16State{ptr<c10::BFloat16>(list[t]),
                      c.stochastic_state ? stream_seed(c.key_values[t], 1 + k) : 0u, c.stochastic_state};
@@ -334,6 +336,9 @@ void dispatch_format(const CompactArgs& c, const F& f) {
     switch (c.format) {
       case StateFormat::kBf16: return f(std::integral_constant<StateFormat, StateFormat::kBf16>{});
       case StateFormat::k8bit: return f(std::integral_constant<StateFormat, StateFormat::k8bit>{});
+      case StateFormat::kFp32:  // (fp32 values' fp32 state is plain)
+        if constexpr (!std::is_same_v<T, float>) return f(std::integral_constant<StateFormat, StateFormat::kFp32>{});
+        break;
       case StateFormat::kPlain: break;
     }
   } else {

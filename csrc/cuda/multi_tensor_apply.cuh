@@ -103,7 +103,7 @@ void dispatch_dtype(DType dtype, const F& f) {
 // updated, S of the state, Model of the params written from the values (void: the values are the
 // params). A functor instantiated for them puts the model list right after its element lists.
 // Compact updates (compact_state.cuh): V may be SrBf16 (bf16 params rounded stochastically), S
-// Bf16Coded or Q8 (each moment list then moment_t<Q8, signed>).
+// Bf16Coded or Q8 (each moment list then moment_t<Q8, signed>), or float beside fp16 / bf16 V.
 template <typename G, typename V, typename S, typename Model>
 struct UpdateTypes {
   using grad_t = G;
@@ -119,6 +119,9 @@ void dispatch_state_format(StateFormat format, const F& f) {
   switch (format) {
     case StateFormat::kBf16: return f(UpdateTypes<G, V, Bf16Coded, Model>{});
     case StateFormat::k8bit: return f(UpdateTypes<G, V, Q8, Model>{});
+    case StateFormat::kFp32:  // of fp16 / bf16 values (fp32 values' fp32 state is plain)
+      if constexpr (!std::is_same_v<V, float>) return f(UpdateTypes<G, V, float, Model>{});
+      break;
     case StateFormat::kPlain:
       if constexpr (std::is_same_v<V, SrBf16>) return f(UpdateTypes<G, V, __nv_bfloat16, Model>{});
       break;
@@ -127,7 +130,8 @@ void dispatch_state_format(StateFormat format, const F& f) {
 }
 
 // The compact instantiations: fp32, fp16 or bf16 params (bf16 ones also rounded stochastically),
-// fp16 / bf16 params with fp32 masters; bf16 or 8-bit state (or the bf16 params' own bf16 state).
+// fp16 / bf16 params with fp32 masters; bf16 or 8-bit state (or the bf16 params' own bf16 state),
+// or fp32 state of fp16 / bf16 params.
 template <typename F>
 void dispatch_compact_update(const UpdateDTypes& d, const F& f) {
   if (d.stochastic_params && d.grads == DType::kBFloat16 && d.values == DType::kBFloat16) {

@@ -1,5 +1,5 @@
-// The compact arguments of an update op's twin <name>compact_ (bf16 / 8-bit state, stochastic
-// rounding: fused_optim/state_formats.py) and their checks, shared by the CPU kernels
+// The compact arguments of an update op's twin <name>compact_ (bf16 / 8-bit state, fp32 state of
+// fp16 / bf16 params, stochastic rounding: fused_optim/state_formats.py) and their checks, shared by the CPU kernels
 // (csrc/cpu/compact_state.h) and the CUDA binding (csrc/cuda/binding.cpp). ATen core only.
 #pragma once
 
@@ -31,6 +31,7 @@ struct CompactArgs {
 // first non-empty one's dtype against the values' (params or masters).
 inline StateFormat format_of(at::ScalarType state, at::ScalarType values) {
   if (state == values) return StateFormat::kPlain;
+  if (state == at::kFloat && (values == at::kHalf || values == at::kBFloat16)) return StateFormat::kFp32;
   if (state == at::kBFloat16 && values != at::kDouble) return StateFormat::kBf16;
   if (state == at::kByte && values != at::kDouble) return StateFormat::k8bit;
   return StateFormat::kPlain;  // check_state_list names the mismatch
@@ -47,6 +48,7 @@ inline int check_state_list(const char* op, const char* what, const UpdatedParam
     const auto& t = ts[i];
     const at::ScalarType want = c.format == StateFormat::kBf16  ? at::kBFloat16
                                 : c.format == StateFormat::k8bit ? at::kByte
+                                : c.format == StateFormat::kFp32 ? at::kFloat
                                                                  : values[i].scalar_type();
     TORCH_CHECK(t.device() == values[0].device() && t.layout() == at::kStrided && t.is_contiguous(), "fused_optim::",
                 op, ": ", what, "[", i, "] must be a dense contiguous tensor on ", values[0].device(),

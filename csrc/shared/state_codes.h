@@ -188,7 +188,7 @@ FUSED_OPTIM_HD typename Words<F>::U bf16_stochastic(F x, typename Words<F>::U bi
 }
 
 // The format of a call's compact state lists (every compact list of a call has one): the values'
-// dtype (plain), bf16, or 8-bit codes with their absmaxes.
-enum class StateFormat { kPlain, kBf16, k8bit };
+// dtype (plain), bf16, 8-bit codes with their absmaxes, or fp32 beside fp16 / bf16 values.
+enum class StateFormat { kPlain, kBf16, k8bit, kFp32 };
 
 }  // namespace fused_optim

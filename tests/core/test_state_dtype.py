@@ -163,7 +163,7 @@ def _op_inputs(op, fmt, param_dtype, amsgrad, seed=0):
             lists.append([c for c, _ in encoded])
             absmaxes += [a for _, a in encoded]
         else:
-            lists.append([v.to(torch.bfloat16) for v in values])
+            lists.append([v.to(torch.bfloat16 if fmt == "bf16" else torch.float32) for v in values])
     keys = [torch.tensor(12345678901 + 7 * i) for i in range(len(SIZES))]
     steps = [[torch.tensor(3.0) for _ in SIZES]] if any(s.sample == "counter" for s in spec.state) else []
     return params, grads, lists, steps, absmaxes, keys
@@ -199,7 +199,7 @@ def _call(op, fused, inputs, masters=(), **flags):
 
 
 def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal, or one code / bf16 ulp apart (bit patterns of the same sign differing by one).
+    """Equal, or one code / bf16 or fp16 ulp apart (bit patterns of the same sign differing by one).
     A bf16 value may also differ by a few fp32 ulps of the tensor's largest value: where a
     moment's sum of two products cancels (LAMB's m = β1·m + β3·g), the reference rounds both
     products and the sum and the kernel's fused multiply-add once, an absolute difference of up
@@ -207,7 +207,7 @@ def _adjacent(a: torch.Tensor, b: torch.Tensor) -> bool:
     sign); we allow 2^-20 of the largest value."""
     if a.dtype == torch.uint8:
         return bool(((a.int() - b.int()).abs() <= 1).all())
-    if a.dtype == torch.bfloat16:
+    if a.dtype in (torch.bfloat16, torch.float16):  # (fp16: params beside fp32 state)
         near = (a.view(torch.int16).int() - b.view(torch.int16).int()).abs() <= 1
         cancelled = (a.float() - b.float()).abs() <= 2.0 ** -20 * b.float().abs().max()
         return bool((near | cancelled).all())
@@ -236,6 +236,16 @@ CASES = [  # (op, state format, param dtype, stochastic_state, stochastic_params
     ("adagrad_", "8bit", torch.float32, False, False, False),
     ("adagrad_", "bf16", torch.float32, True, False, False),
     ("adagrad_", "8bit", torch.bfloat16, False, True, False),
+    # fp32 state of 16-bit params (state_dtype=torch.float32)
+    ("adam_", "fp32", torch.bfloat16, False, False, True),
+    ("adam_", "fp32", torch.float16, False, False, False),
+    ("adam_", "fp32", torch.bfloat16, False, True, False),
+    ("sgd_", "fp32", torch.float16, False, False, False),
+    ("lars_", "fp32", torch.bfloat16, False, False, False),
+    ("lamb_", "fp32", torch.bfloat16, False, False, False),
+    ("colossal_lamb_", "fp32", torch.float16, False, False, False),
+    ("lion_", "fp32", torch.bfloat16, False, False, False),
+    ("adagrad_", "fp32", torch.float16, False, False, False),
 ]
 
 
@@ -577,10 +587,45 @@ def test_a_group_s_own_state_dtype_is_used_in_every_spelling():
         opt.step()
 
 
+FP32_STATE = [(fused_optim.AdamW, dict(lr=1e-2, amsgrad=True), ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")),
+              (fused_optim.SGD, dict(lr=0.1, momentum=0.9), ("momentum_buffer",)),
+              (fused_optim.FusedLAMB, dict(lr=1e-2), ("exp_avg", "exp_avg_sq")),
+              (fused_optim.Lion, dict(lr=1e-3), ("exp_avg",)),
+              (fused_optim.Adagrad, dict(lr=1e-2), ("sum",))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("cls,hyper,keys", FP32_STATE, ids=["adamw", "sgd", "lamb", "lion", "adagrad"])
+def test_16bit_params_keep_fp32_state_with_state_dtype_float32(cls, hyper, keys, dtype):
+    """DeepSpeed's CPU Adam default for 16-bit params (fp32 optimizer state, no master weights):
+    the moments are float32 tensors; each step updates the param in fp32 from them and rounds it
+    once. The kernels equal the reference implementation (fused=False) within what their fused
+    multiply-adds change: a param 1 ulp of its dtype apart now and then (_adjacent), fp32 state to
+    rtol 1e-5. Without the option the state has the params' dtype, and the runs differ."""
+    runs = {}
+    for label, fused, extra in (("kernels", True, dict(state_dtype=torch.float32)),
+                                ("reference", False, dict(state_dtype="fp32")),
+                                ("16-bit state", True, {})):
+        model = _model(dtype=dtype)
+        opt = cls(model.parameters(), fused=fused, **hyper, **extra)
+        _steps(model, opt, 3)
+        runs[label] = (list(model.parameters()), opt)
+    (ps, opt), (qs, ref), (rs, plain) = runs["kernels"], runs["reference"], runs["16-bit state"]
+    assert opt.implementation == "fused" and ref.implementation == "reference"
+    assert opt.param_groups[0]["state_dtype"] == ref.param_groups[0]["state_dtype"] == "float32"
+    for p, q in zip(ps, qs):
+        assert p.dtype == dtype and _adjacent(p.detach(), q.detach())
+        for key in keys:
+            assert opt.state[p][key].dtype == ref.state[q][key].dtype == torch.float32, key
+            assert torch.allclose(opt.state[p][key], ref.state[q][key], rtol=1e-5, atol=1e-7), key
+    assert all(plain.state[r][keys[0]].dtype == dtype for r in rs)
+    assert any(not torch.equal(p, r) for p, r in zip(ps, rs))
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(state_dtype=torch.bfloat16), dict(state_dtype="8bit"),
-    dict(state_dtype=torch.bfloat16, state_rounding="stochastic"),
-], ids=["bf16", "8bit", "bf16-stochastic"])
+    dict(state_dtype=torch.bfloat16, state_rounding="stochastic"), dict(state_dtype=torch.float32),
+], ids=["bf16", "8bit", "bf16-stochastic", "fp32"])
 @pytest.mark.parametrize("cls,hyper", [(fused_optim.AdamW, dict(lr=1e-2, amsgrad=True)),
                                        (fused_optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
                                        (fused_optim.FusedLAMB, dict(lr=1e-2)),
@@ -610,7 +655,7 @@ def test_a_resumed_run_continues_exactly(cls, hyper, kwargs):
 
 
 @pytest.mark.parametrize("saved,loaded", [("8bit", torch.bfloat16), ("8bit", None), (torch.bfloat16, "8bit"),
-                                          (None, "8bit"), (torch.bfloat16, None)])
+                                          (None, "8bit"), (torch.bfloat16, None), ("8bit", torch.float32)])
 @pytest.mark.parametrize("cls", [fused_optim.AdamW, fused_optim.FusedLAMB], ids=["adamw", "lamb"])
 def test_state_loads_into_an_optimizer_of_another_state_dtype(cls, saved, loaded):
     """The loading optimizer's state_dtype wins: its next step converts the loaded moments
@@ -653,6 +698,7 @@ def _decoded(state, key):
     (dict(state_dtype="4bit"), "Invalid state_dtype"),
     (dict(state_rounding="up"), "Invalid state_rounding"),
     (dict(state_dtype="8bit", state_rounding="stochastic"), "Invalid state_rounding: 'stochastic' rounds bf16"),
+    (dict(state_dtype=torch.float32, state_rounding="stochastic"), "Invalid state_rounding: 'stochastic' rounds bf16"),
     (dict(stochastic_rounding="yes"), "stochastic_rounding"),
 ])
 @pytest.mark.parametrize("cls", [fused_optim.AdamW, fused_optim.FusedLAMB, fused_optim.ColossalLamb],

@@ -1,5 +1,6 @@
-"""Compact optimizer state (bf16 / 8-bit moments, stochastic rounding) in the CUDA functors, run
-through the CUDA emulation (csrc/cuda/compact_state.cuh; docs/design.md "Compact optimizer state").
+"""Compact optimizer state (bf16 / 8-bit moments, fp32 moments of 16-bit params, stochastic rounding)
+in the CUDA functors, run through the CUDA emulation (csrc/cuda/compact_state.cuh; docs/design.md
+"Compact optimizer state").
 
 The chain of truth: the compact reference -> the CPU kernels (tests/core/test_state_dtype.py) -> the
 CUDA functors, which must reproduce the CPU kernels' codes, absmaxes, random bits and keys. Both
@@ -63,6 +64,13 @@ CASES = [
     ("adagrad_", "8bit", torch.float32, False, False, False, False),
     ("adagrad_", "bf16", torch.bfloat16, True, True, False, False),
     ("adagrad_", "8bit", torch.float16, False, False, False, True),
+    # fp32 state of 16-bit params (state_dtype=torch.float32)
+    ("adam_", "fp32", torch.bfloat16, False, False, True, False),
+    ("adam_", "fp32", torch.bfloat16, False, True, False, False),
+    ("sgd_", "fp32", torch.float16, False, False, False, False),
+    ("lamb_", "fp32", torch.bfloat16, False, False, False, False),
+    ("lion_", "fp32", torch.bfloat16, False, False, False, False),
+    ("adagrad_", "fp32", torch.float16, False, False, False, False),
 ]
 LAYERWISE = {"lars_", "colossal_lars_", "lamb_"}
 
