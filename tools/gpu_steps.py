@@ -5,8 +5,9 @@ and exiting non-zero on a mismatch:
   then the CUDA library (``--emulated``: the CUDA code compiled for the CPU), printing each build's
   wall time (the first build's, on a machine whose cache is empty).
 - ``one-step``: one fused step of every registered optimizer (fp32, bf16 with fp32 master weights,
-  and FusedAdam with bf16 and 8-bit state) and one ``multi_tensor_l2norm``, at small sizes: the
-  program ``compute-sanitizer`` runs under ``--tool memcheck`` and ``--tool racecheck``.
+  and FusedAdam with bf16 and 8-bit state, and bf16 params with fp32 state) and one
+  ``multi_tensor_l2norm``, at small sizes: the program ``compute-sanitizer`` runs under ``--tool
+  memcheck`` and ``--tool racecheck``.
 - ``compile``: ``torch.compile(step, fullgraph=True)`` of FusedSGD and FusedAdam steps on the GPU
   equals eager steps of a twin (3 steps; fp32, one kernel each way: tolerance a few ulps).
 - ``errors``: a C++ error raised in an op's kernel reaches Python as a RuntimeError: first that of
@@ -85,6 +86,8 @@ def one_step(emulated: bool) -> None:
         for state_dtype in ("bfloat16", "8bit"):
             _one_step("adam", device, torch.float32, state_dtype=state_dtype)
             print(f"adam: state_dtype {state_dtype}", flush=True)
+        _one_step("adam", device, torch.bfloat16, state_dtype="float32")
+        print("adam: bf16 params, state_dtype float32", flush=True)
         norm = fused_optim.multi_tensor_l2norm([torch.ones(n, device=device) for n in SIZES])
     expected = sum(SIZES) ** 0.5
     if abs(float(norm) - expected) > 1e-5 * expected:  # fp32 sum of ones: exact up to 2**24
