@@ -209,6 +209,14 @@ def probe_medians(make_steppers: Callable[[], dict[str, Callable[[], object]]], 
     return med, PROBE_BYTES * numel / med["probe"] / 1e9
 
 
+def probe_row(variant: str, seconds: float, moved: float, numel: int, probe_gbs: float) -> dict:
+    """A timed variant's row of the probe benchmarks: its ms per step, its bandwidth (``moved``
+    bytes per element over ``numel`` elements) and that as a fraction of the probe's."""
+    gbs = moved * numel / seconds / 1e9
+    return dict(variant=variant, ms=seconds * 1e3, gb_per_s=gbs, fraction_of_probe=gbs / probe_gbs,
+                probe_gb_per_s=probe_gbs)
+
+
 def deepspeed_optimizer(module: str, name: str) -> tuple[type | None, str]:
     """(DeepSpeed's class ``name`` of ``module``, deepspeed's version), or (None, why it is
     missing). DeepSpeed is not a dependency; its CPU ops are compiled with ninja on first use."""

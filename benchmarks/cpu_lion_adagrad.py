@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, make_params, probe_medians
+from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, make_params, probe_medians, probe_row
 
 BYTES = 20  # per element: read p, g and the state, write p and the state
 KW = {"lion": dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=1e-2),
@@ -101,9 +101,8 @@ def bench(opt: str, label: str, shapes, threads: int, repeats: int, min_sample_s
     torch_best = min((med[t] for t in TORCH if t in med), default=None)
     rows = []
     for name in made:
-        gbs = BYTES * numel / med[name] / 1e9
-        rows.append(dict(optimizer=opt, params=label, threads=threads, variant=name, ms=med[name] * 1e3,
-                         gb_per_s=gbs, fraction_of_probe=gbs / probe_gbs, probe_gb_per_s=probe_gbs,
+        rows.append(dict(optimizer=opt, params=label, threads=threads,
+                         **probe_row(name, med[name], BYTES, numel, probe_gbs),
                          vs_deepspeed=deepspeed / med[name] if deepspeed is not None else None,
                          vs_torch=torch_best / med[name] if torch_best is not None else None))
     return rows

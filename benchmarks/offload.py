@@ -36,7 +36,7 @@ import argparse
 import torch
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, probe_medians
+from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, probe_medians, probe_row
 from fused_optim import FusedAdam
 
 KW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)  # AdamW in all three
@@ -119,9 +119,8 @@ def bench(mode: str, label: str, shapes, threads: int, repeats: int, deepspeed: 
         numel, threads, repeats, min_sample_s)
     rows = []
     for name, (_, moved) in variants.items():
-        gbs = moved * numel / med[name] / 1e9
-        rows.append(dict(mode=mode, params=label, threads=threads, variant=name, ms=med[name] * 1e3, gb_per_s=gbs,
-                         fraction_of_probe=gbs / probe_gbs, probe_gb_per_s=probe_gbs,
+        rows.append(dict(mode=mode, params=label, threads=threads,
+                         **probe_row(name, med[name], moved, numel, probe_gbs),
                          vs_torch=med[TORCH] / med[name],
                          vs_deepspeed=med[DEEPSPEED] / med[name] if DEEPSPEED in med else None))
     return rows

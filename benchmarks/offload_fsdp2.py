@@ -25,7 +25,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, probe_medians
+from benchmarks.common import PARAM_LISTS, probe_medians, probe_row
 from benchmarks.offload import TORCH, make_params, modes
 
 MODES = ("fp32", "fp32, bf16 state")
@@ -70,10 +70,9 @@ def bench(mode: str, label: str, shapes, threads: int, repeats: int, min_sample_
     med, probe_gbs = probe_medians(steppers, numel, threads, repeats, min_sample_s)
     rows = []
     for name in (ours, TORCH, PLAIN):
-        gbs = moved[name] * numel / med[name] / 1e9
-        rows.append(dict(mode=mode, params=label, threads=threads, variant=name, ms=med[name] * 1e3, gb_per_s=gbs,
-                         fraction_of_probe=gbs / probe_gbs, vs_torch=med[TORCH] / med[name],
-                         vs_plain=med[PLAIN] / med[name]))
+        rows.append(dict(mode=mode, params=label, threads=threads,
+                         **probe_row(name, med[name], moved[name], numel, probe_gbs),
+                         vs_torch=med[TORCH] / med[name], vs_plain=med[PLAIN] / med[name]))
     return rows
 
 
