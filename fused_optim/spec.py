@@ -142,12 +142,14 @@ class OpSpec:
 
     def schemas(self) -> dict[str, str]:
         """The list op's schema (key ``""``) and its bucket twin's (key ``"bucket"``). State lists
-        are mutable aliases ``Tensor(b!)[]``, ``Tensor(c!)[]``, … after the params' ``a``."""
-        state = ", ".join(f"Tensor({chr(ord('b') + i)}!)[] {s.name}" for i, s in enumerate(self.state))
+        are mutable aliases ``Tensor(c!)[]``, ``Tensor(d!)[]``, … after the params' ``a`` and the
+        grads' ``b`` (a step with a ``grad_scale`` other than 1 writes the grads back unscaled, as
+        torch's ``_fused_adam_`` does)."""
+        state = ", ".join(f"Tensor({chr(ord('c') + i)}!)[] {s.name}" for i, s in enumerate(self.state))
         per_step = "".join(f", {kind} {name}" for kind, name in self.per_step)
         scalars = ", ".join(s.schema() for s in self.scalars)
         return {
-            "": f"(Tensor(a!)[] params, Tensor[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
+            "": f"(Tensor(a!)[] params, Tensor(b!)[] grads, {state}{per_step}, *, {scalars}, {AMP_ARGS}) -> ()",
             "bucket": f"(int bucket{per_step}, *, {scalars}, {AMP_ARGS}) -> int",
         }
 
@@ -164,7 +166,7 @@ class OpSpec:
         ``stochastic_params``; and its bucket twin's (key ``"bucket"``), as :meth:`schemas`.
         See fused_optim/state_formats.py, csrc/cpu/compact_state.h and csrc/cuda/compact_state.cuh."""
         head, _, tail = self.schemas()[""].partition(", *, ")
-        letter = chr(ord("b") + len(self.state))
+        letter = chr(ord("c") + len(self.state))
         extra = f", Tensor({letter}!)[] absmaxes, Tensor({chr(ord(letter) + 1)}!)[] rounding_keys"
         state, per_step = (head.split(", bool[]", 1) + [""])[:2]
         per_step = f", bool[]{per_step}" if per_step else ""
@@ -244,16 +246,25 @@ class OpSpec:
     def run_reference(self, params: list, grads: list, *lists, **kwargs) -> None:
         """The reference implementation, called as the op is: with master weights (the last state
         list non-empty) it updates the masters from the grads in fp32, then writes each param as
-        its master rounded (skipped with the step when ``found_inf`` is set, and by a layer-wise op's
-        ``sums_only`` call, which writes nothing but its ``norm_sums``)."""
+        its master rounded; then, given a ``grad_scale`` other than 1, it writes the grads back
+        unscaled (``g * (1/grad_scale)``, what ``GradScaler.unscale_`` makes of them). Both are
+        skipped with the step when ``found_inf`` is set, and by a layer-wise op's ``sums_only``
+        call, which writes nothing but its ``norm_sums``."""
         count = len(self.state)
         masters = lists[count - 1]
         if not masters:
-            return self.reference(params, grads, *lists[:count - 1], *lists[count:], **kwargs)
-        self.reference(masters, [g.float() for g in grads], *lists[:count - 1], *lists[count:], **kwargs)
-        found_inf = kwargs.get("found_inf")
-        if not kwargs.get("sums_only") and (found_inf is None or not bool(found_inf.item())):
+            self.reference(params, grads, *lists[:count - 1], *lists[count:], **kwargs)
+        else:
+            self.reference(masters, [g.float() for g in grads], *lists[:count - 1], *lists[count:], **kwargs)
+        found_inf, grad_scale = kwargs.get("found_inf"), kwargs.get("grad_scale")
+        if kwargs.get("sums_only") or (found_inf is not None and bool(found_inf.item())):
+            return
+        if masters:
             torch._foreach_copy_(params, masters)
+        if grad_scale is not None and float(grad_scale.item()) != 1.0:
+            inv = 1.0 / float(grad_scale.item())
+            for g in grads:  # in the kernels' math type (a scalar times a 16-bit tensor is rounded to it first)
+                g.copy_(g.to(torch.float64 if g.dtype == torch.float64 else torch.float32) * inv)
 
     def lists(self, group: dict, states: list[dict], fresh: list[bool]) -> tuple[tuple, tuple]:
         """``(state lists, per-step lists)``: the op's arguments after params and grads for the

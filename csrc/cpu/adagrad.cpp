@@ -46,7 +46,7 @@ void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList 
       constexpr StateFormat F = decltype(format)::value;
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
         const auto rule = base.for_tensor(step_size[t]);
-        const T* g = ptr<T>(grads[t]);
+        const auto g = grad_stream<T>(grads, t, amp);
         with_param_stream<T, S>(params, c, t, [&](auto p) {
           for_each_chunk<T>(
               begin, end, [&](auto& pv, auto& gv, auto& sv) { rule.apply(pv, gv, sv); }, p, g,
@@ -57,6 +57,7 @@ void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList 
   });
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
   advance_keys(c);
+  finish_grads(grads, amp);
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
       constexpr StateFormat F = decltype(format)::value;
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
         const AdamRule<V> rule = base.for_tensor(adam_steps[t]);
-        const T* g = ptr<T>(grads[t]);
+        const auto g = grad_stream<T>(grads, t, amp);
         const auto m = state_stream<F, S>(c, exp_avgs, t, 0, 0, true);
         const auto v = state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false);
         with_param_stream<T, S>(params, c, t, [&](auto p) {
@@ -78,6 +78,7 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
   });
   for (size_t i = 0; i < n; ++i) write_step(steps[i], new_step[i]);
   advance_keys(c);
+  finish_grads(grads, amp);
 }
 
 }  // namespace

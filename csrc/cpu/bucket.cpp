@@ -51,11 +51,9 @@ std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
   return it->second;
 }
 
-void bump_versions(const TensorLists& lists) {
-  for (const auto& list : lists) {
-    for (const auto& t : list) {
-      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
-    }
+void bump_versions(const std::vector<at::Tensor>& list) {
+  for (const auto& t : list) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
   }
 }
 

@@ -8,6 +8,8 @@
 #include <c10/util/Exception.h>
 
 #include <memory>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,8 +21,8 @@ using TensorLists = std::vector<std::vector<at::Tensor>>;
 // The lists of bucket `id` (throws a clear error for an unknown id).
 std::shared_ptr<const TensorLists> get_bucket(int64_t id);
 
-// Mark every tensor of the lists as modified in place (what the list ops get from the dispatcher).
-void bump_versions(const TensorLists& lists);
+// Mark every tensor of the list as modified in place (what the list ops get from the dispatcher).
+void bump_versions(const std::vector<at::Tensor>& list);
 
 // The .grad of each param, or an empty vector when one of them has none (then nothing may change).
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
@@ -30,16 +32,18 @@ constexpr int64_t kStepped = 0;
 constexpr int64_t kMissingGrad = 1;
 
 // The body of every twin: fetch bucket `id` (`num_lists` lists, params first), read the params'
-// grads, run update(lists, grads), bump the versions. Nothing changes when a grad is missing.
+// grads, run update(lists, grads), bump the versions (the grads' too when `scaled`: given a
+// grad_scale, the update writes them back unscaled). Nothing changes when a grad is missing.
 template <typename Update>
-int64_t step_bucket(const char* op, int64_t id, size_t num_lists, const Update& update) {
+int64_t step_bucket(const char* op, int64_t id, size_t num_lists, bool scaled, const Update& update) {
   const auto lists = get_bucket(id);
   TORCH_CHECK(lists->size() == num_lists, "fused_optim::", op, ": bucket ", id, " holds ", lists->size(),
               " lists, the op needs ", num_lists);
   const auto grads = grads_of((*lists)[0]);
   if (grads.size() != (*lists)[0].size()) return kMissingGrad;
   update(*lists, grads);
-  bump_versions(*lists);
+  for (const auto& list : *lists) bump_versions(list);
+  if (scaled) bump_versions(grads);
   return kStepped;
 }
 
@@ -85,7 +89,9 @@ struct BucketTwin<Fn, cpu, Scalars<Rest...>> {
 
   static auto make(const std::string& list_op) {
     return [twin = list_op + "bucket", qualified = "fused_optim::" + list_op](int64_t bucket, Rest... rest) {
-      return step_bucket(twin.c_str(), bucket, kBucketLists,
+      // Every update op ends with lr_tensor, grad_scale, found_inf (fused_optim/spec.py AMP_ARGS).
+      const std::optional<at::Tensor>& grad_scale = std::get<sizeof...(Rest) - 2>(std::tie(rest...));
+      return step_bucket(twin.c_str(), bucket, kBucketLists, grad_scale.has_value() && grad_scale->defined(),
                          [&](const TensorLists& l, const std::vector<at::Tensor>& grads) {
                            call(qualified.c_str(), l, grads, std::make_index_sequence<kBucketLists - 1>{}, rest...);
                          });

@@ -32,7 +32,7 @@ namespace fused_optim {
 namespace {
 
 struct Lamb : LambOptions {  // (csrc/shared/lamb_math.h)
-  double inv_scale = 1.0;
+  AmpArgs amp;  // grad_scale's inverse, and whether pass 1 (the last to read the grads) unscales them
   std::optional<double> grad_norm;  // unscaled norm to clip with; none: that of the call's grads
   std::vector<LambTensor> tensors;  // per tensor: c1, c2, lr
   std::vector<double> new_step;      // per tensor
@@ -83,7 +83,7 @@ struct KeptU {
 // 1/(grad_scale*clip) for the gradient (lamb_grad_multiplier), the norm summed here if not given.
 template <typename T>
 double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t>& numels, const Lamb& a) {
-  if (a.max_grad_norm <= 0.0) return a.inv_scale;  // no clipping: no norm needed
+  if (a.max_grad_norm <= 0.0) return a.amp.inv_scale;  // no clipping: no norm needed
   double norm = a.grad_norm.value_or(0.0);
   if (!a.grad_norm) {
     double sum = 0.0;
@@ -94,9 +94,9 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
              })) {
       sum += s;
     }
-    norm = std::sqrt(sum) * a.inv_scale;
+    norm = std::sqrt(sum) * a.amp.inv_scale;
   }
-  return lamb_grad_multiplier(a.inv_scale, norm, a.max_grad_norm);
+  return lamb_grad_multiplier(a.amp.inv_scale, norm, a.max_grad_norm);
 }
 
 // A moment stream as pass 1 takes it: written back (kStore), or read only (the sums only: the new
@@ -146,7 +146,8 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
               keep += V::size();
             }
           },
-          cptr<S>(params.values()[t]), cptr<T>(grads[t]), stored_if<kStore>(m_of(t)), stored_if<kStore>(v_of(t)));
+          cptr<S>(params.values()[t]), grad_stream<T>(grads, t, kStore ? a.amp : AmpArgs{}), stored_if<kStore>(m_of(t)),
+          stored_if<kStore>(v_of(t)));
       return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
     };
   };
@@ -164,7 +165,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
               rule.moments(pv, g, m, v);
               rule.apply(pv, step, rule.direction(pv, m, v));
             },
-            p, cptr<T>(grads[t]), m_of(t), v_of(t));
+            p, grad_stream<T>(grads, t, a.amp), m_of(t), v_of(t));
       });
     });
     return;
@@ -224,7 +225,8 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
                                                                                a, c, norm);
     });
   });
-  if (norm.sums_only) return;  // the step counters and rounding keys as they were
+  if (norm.sums_only) return;  // the step counters, rounding keys and grads as they were
+  finish_grads(grads, a.amp);
   for (size_t t = 0; t < n; ++t) write_step(steps[t], a.new_step[t]);
   advance_keys(c);
 }
@@ -245,7 +247,7 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
   Lamb a;
   static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
                                               adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
-  a.inv_scale = amp.inv_scale;
+  a.amp = amp;
   if (global_grad_norm.has_value() && global_grad_norm->defined()) {
     TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
@@ -268,7 +270,7 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
   if (amp.skip || params.empty()) return;
   Lamb a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
-  a.inv_scale = amp.inv_scale;
+  a.amp = amp;
   run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys,
            stochastic_state, stochastic_params, a, lr, norm);
 }

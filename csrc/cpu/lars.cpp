@@ -32,7 +32,7 @@ void lars_impl(at::TensorList model, at::TensorList grads_in, at::TensorList buf
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kPlain, momentum, dampening, 0.0, nesterov, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr),
-                 std::move(call.compact)};
+                 std::move(call.compact), amp};
   // No trust ratio: the plain update, and the sums only when asked for (for every op, whatever its numbers).
   if (weight_decay == 0.0 && !always_adapt && !norm.sums_only) {
     return sgd_family(call.params, call.grads, bufs, first_step, args);
@@ -62,7 +62,7 @@ void colossal_lars_impl(at::TensorList model, at::TensorList grads_in, at::Tenso
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kClamp, momentum, 0.0, kColossalLarsGradClamp, false, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
-                 std::vector<double>(n, lr), std::move(call.compact)};
+                 std::vector<double>(n, lr), std::move(call.compact), amp};
   if (!lars && !norm.sums_only) return sgd_family(call.params, call.grads, bufs, first_step, args);
   auto set = [&](size_t t, double pn, double stored_gn) {
     args.lr[t] = colossal_lars_lr(pn, stored_gn * amp.inv_scale, lr, eeta, weight_decay, epsilon);

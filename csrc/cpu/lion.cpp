@@ -36,7 +36,7 @@ void lion_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
     dispatch_format<T>(c, [&](auto format) {
       constexpr StateFormat F = decltype(format)::value;
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
-        const T* g = ptr<T>(grads[t]);
+        const auto g = grad_stream<T>(grads, t, amp);
         with_param_stream<T, S>(params, c, t, [&](auto p) {
           for_each_chunk<T>(
               begin, end, [&](auto& pv, auto& gv, auto& mv) { rule.apply(pv, gv, mv); }, p, g,
@@ -46,6 +46,7 @@ void lion_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
     });
   });
   advance_keys(c);
+  finish_grads(grads, amp);
 }
 
 }  // namespace

@@ -19,7 +19,6 @@ namespace {
 
 // sum(x^2) of every tensor, in double; `op` names the caller in errors.
 std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
-  ContiguousTensors inputs;
   std::vector<int64_t> numels;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& x = tensors[i];
@@ -28,9 +27,9 @@ std::vector<double> squares_per_tensor(at::TensorList tensors, const char* op) {
     TORCH_CHECK(x.layout() == at::kStrided, op, ": tensors[", i, "] is sparse; only dense tensors are supported");
     TORCH_CHECK(at::isFloatingType(x.scalar_type()), op, ": tensors[", i, "] has dtype ", x.scalar_type(),
                 "; only floating-point tensors are supported");
-    inputs.push_back(x);
     numels.push_back(x.numel());
   }
+  const ContiguousTensors inputs(tensors);
   auto one = [&](int64_t t, int64_t begin, int64_t end) {
     return FUSED_OPTIM_DISPATCH_FLOATING(inputs[t].scalar_type(), "fused_optim norm",
                                          [&] { return sum_of_squares(cptr<scalar_t>(inputs[t]), begin, end); });

@@ -14,10 +14,13 @@
 namespace fused_optim {
 
 // grad_scale / found_inf as set by torch.amp.GradScaler: skip everything when found_inf != 0,
-// otherwise multiply grads by 1/grad_scale inside the kernel.
+// otherwise multiply grads by 1/grad_scale inside the kernel and, when that is not 1, write the
+// grads back unscaled in the update's last pass over them (grad_stream), as torch's fused
+// optimizers do: after scaler.step(opt), p.grad holds what scaler.unscale_(opt) would have made.
 struct AmpArgs {
   bool skip = false;
   double inv_scale = 1.0;
+  bool unscale_grads = false;
 };
 
 inline AmpArgs read_amp(const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
@@ -29,8 +32,24 @@ inline AmpArgs read_amp(const std::optional<at::Tensor>& grad_scale, const std::
   if (grad_scale.has_value() && grad_scale->defined()) {
     TORCH_CHECK(grad_scale->numel() == 1, "fused_optim: grad_scale must have one element");
     amp.inv_scale = 1.0 / grad_scale->item<double>();
+    amp.unscale_grads = !amp.skip && amp.inv_scale != 1.0;
   }
   return amp;
+}
+
+// The grads of tensor t as the update's last pass over them reads them: written back unscaled
+// when `amp` says so (the caller then ends with grads.copy_back(), for grads it was given
+// non-contiguous); passes that only read them (norms, sums-only calls) take cptr.
+template <typename T>
+GradStream<T> grad_stream(const ContiguousTensors& grads, int64_t t, const AmpArgs& amp) {
+  return {cptr<T>(grads[t]), amp.unscale_grads ? ptr<T>(grads[t]) : nullptr,
+          static_cast<opmath_t<T>>(amp.inv_scale)};
+}
+
+// The end of an update that wrote its grads back: the caller's non-contiguous grads get the
+// unscaled values of their contiguous copies.
+inline void finish_grads(const ContiguousTensors& grads, const AmpArgs& amp) {
+  if (amp.unscale_grads) grads.copy_back();
 }
 
 // The learning rate: lr, or the value of lr_tensor when one is given (a Tensor lr of torch.optim).

@@ -32,7 +32,7 @@ struct SgdUpdate {
     const auto rule = sgd_rule<FVec<T>, D>({a.grad_mul[t], a.weight_decay[t], a.lr[t]}, a.momentum, a.dampening,
                                            a.clamp, a.nesterov, a.wd_after_momentum,
                                            !first_step.empty() && first_step[t]);
-    const T* g = ptr<T>(grads[t]);
+    const auto g = grad_stream<T>(grads, t, a.amp);
     with_param_stream<T, S>(params, a.compact, t, [&](auto p) {
       if (a.momentum != 0.0) {
         for_each_chunk<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
@@ -85,6 +85,7 @@ void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at:
       params, grads, bufs, first_step, args,
       [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
   advance_keys(args.compact);
+  finish_grads(grads, args.amp);
 }
 
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
@@ -108,7 +109,9 @@ void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors
         },
         [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); }, norm.rows);
   });
-  if (!norm.sums_only) advance_keys(args.compact);
+  if (norm.sums_only) return;
+  advance_keys(args.compact);
+  finish_grads(grads, args.amp);
 }
 
 namespace {
@@ -128,7 +131,7 @@ void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::
   const size_t n = model.size();
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
-                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr), std::move(call.compact)};
+                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr), std::move(call.compact), amp};
   sgd_family(call.params, call.grads, bufs, first_step, args);
 }
 

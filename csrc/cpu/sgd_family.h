@@ -9,6 +9,7 @@
 
 #include "simd_blocks.h"  // before the shared rule (sgd_math.h)
 #include "compact_state.h"
+#include "op_args.h"
 #include "two_pass.h"
 #include "../host/checks.h"
 #include "../shared/sgd_math.h"
@@ -27,6 +28,7 @@ struct SgdFamily {
   bool nesterov = false, wd_after_momentum = false;
   std::vector<double> grad_mul, weight_decay, lr;  // one per tensor
   CompactArgs compact;  // compact momentum buffers / stochastic rounding (the compact twins)
+  AmpArgs amp;  // whether the update writes the grads back unscaled (op_args.h)
 };
 
 // The checked inputs of an SGD-family op or its compact twin (absmaxes and keys empty for the

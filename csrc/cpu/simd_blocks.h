@@ -242,6 +242,38 @@ C10_ALWAYS_INLINE void store_as(const MasterStream<U>& s, const Block<T>& b) {
   store_block(s.model, b);
 }
 
+// The grads of an update's last pass over them: read as a const stream, and after a scaled step
+// (`out` set) also written back unscaled in the same pass, g * inv_scale in the math type rounded
+// to the grads' dtype, which is what GradScaler.unscale_ makes of them (torch's fused optimizers
+// leave p.grad so). The update still reads the grads as stored. Without write-back `out` is
+// null and a block pays one untaken branch.
+template <typename T>
+struct GradStream {
+  const T* in;
+  T* out;  // the grads again, or nullptr: no write-back
+  opmath_t<T> inv_scale;
+};
+
+template <typename T>
+C10_ALWAYS_INLINE GradStream<T> advance(const GradStream<T>& s, int64_t i) {
+  return {s.in + i, s.out != nullptr ? s.out + i : nullptr, s.inv_scale};
+}
+
+template <typename T, typename U>
+C10_ALWAYS_INLINE Block<T> load_as(const GradStream<U>& s) {
+  static_assert(std::is_same_v<U, T>, "the grads are of the lead type");
+  const Block<T> b = load_block(s.in);
+  if (s.out != nullptr) {
+    Block<T> unscaled;
+    for (int h = 0; h < kHalves<T>; ++h) unscaled.v[h] = b.v[h] * FVec<T>(s.inv_scale);
+    store_block(s.out, unscaled);
+  }
+  return b;
+}
+
+template <typename T, typename U>
+C10_ALWAYS_INLINE void store_as(const GradStream<U>&, const Block<T>&) {}
+
 template <typename T, typename Body, typename... Stream, size_t... I>
 C10_ALWAYS_INLINE void run_block(const Body& body, int64_t i, std::index_sequence<I...>, const Stream&... streams) {
   auto vals = std::make_tuple(load_as<T>(advance(streams, i))...);
@@ -282,6 +314,18 @@ struct Staging<MasterStream<T>, L> {
   void out(const MasterStream<T>& s, int64_t n) const {
     master.out(s.master, n);
     std::memcpy(s.model, model.data(), n * sizeof(T));
+  }
+};
+
+template <typename T, int64_t L>
+struct Staging<GradStream<T>, L> {
+  std::array<T, L> read{}, unscaled{};
+  GradStream<T> in(const GradStream<T>& s, int64_t n) {
+    std::memcpy(read.data(), s.in, n * sizeof(T));
+    return {read.data(), s.out != nullptr ? unscaled.data() : nullptr, s.inv_scale};
+  }
+  void out(const GradStream<T>& s, int64_t n) const {
+    if (s.out != nullptr) std::memcpy(s.out, unscaled.data(), n * sizeof(T));
   }
 };
 

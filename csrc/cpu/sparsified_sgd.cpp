@@ -59,10 +59,11 @@ void sparsified_sgd_cpu(at::TensorList model, at::TensorList grads_in, at::Tenso
             m = at::vec::fmadd(step, g, m);
             p = at::vec::fmadd(neg_wd, p, p);
           },
-          param_stream<T, S>(params, t), cptr<T>(grads[t]), ptr<S>(memories[t]));
+          param_stream<T, S>(params, t), grad_stream<T>(grads, t, amp), ptr<S>(memories[t]));
     });
     for (size_t t = 0; t < model.size(); ++t) apply_sparse<T, S>(params, t, memories[t], indices[t]);
   });
+  finish_grads(grads, amp);
 }
 
 }  // namespace fused_optim

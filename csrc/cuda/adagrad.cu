@@ -30,7 +30,7 @@ struct AdagradFunctor {
                           .for_tensor(adagrad_step_size(lr_of(a.s), a.lr_decay, step));
     for_each_element<Types, 2, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       rule.apply(x[0], x[2], x[1]);
-    }, coding_of(a.s));
+    }, coding_of(a.s), a.s.grad_scale);
   }
 };
 

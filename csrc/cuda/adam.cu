@@ -44,7 +44,7 @@ struct AdamFunctor {
       } else {
         rule.apply(x[0], x[kLists - 1], x[1], x[2]);
       }
-    }, coding_of(a.s));
+    }, coding_of(a.s), a.s.grad_scale);
   }
 };
 

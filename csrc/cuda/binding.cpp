@@ -112,6 +112,13 @@ class Scalars {
   cuda::DeviceScalars s_;
 };
 
+// The end of an update given a grad_scale: its kernels wrote the grads back unscaled (where the
+// scale is not 1; GradWriteBack, multi_tensor_apply.cuh), into the contiguous copies of those
+// given non-contiguous too, which go back to the caller's tensors (queued on the stream).
+void finish_grads(const ContiguousTensors& grads, const OptTensor& grad_scale) {
+  if (grad_scale.has_value() && grad_scale->defined()) grads.copy_back();
+}
+
 std::vector<float*> checked_steps(const char* op, at::TensorList params, at::TensorList steps) {
   check_same_size(op, "steps", params, steps);
   std::vector<float*> out;
@@ -250,6 +257,7 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
   if (first_step.empty() || buf_list == nullptr) {
     cuda::sgd_launch(lists.dtypes, direction, n, lists.values.data(), g.data(), buf_list, lists.model_list(),
                      call.absmaxes(), sizes.data(), nullptr, args, stream);
+    finish_grads(grads, grad_scale);
     return call.finish(found_inf);
   }
   for (const bool first : {true, false}) {  // the tensors on their first step, then the others
@@ -271,6 +279,7 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
                      lists.model.empty() ? nullptr : ms.data(), call.absmaxes() != nullptr ? as.data() : nullptr,
                      ss.data(), index.data(), args, stream);
   }
+  finish_grads(grads, grad_scale);
   call.finish(found_inf);
 }
 
@@ -363,6 +372,7 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
     cuda::sparse_apply_launch(lists.dtypes, lists.values[t], m[t], lists.model.empty() ? nullptr : lists.model[t],
                               index.data_ptr<int64_t>(), index.numel(), scalars.get(), stream);
   }
+  finish_grads(grads, grad_scale);
 }
 
 
@@ -403,6 +413,7 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   cuda::adam_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), m.data(),
                     v.data(), amsgrad ? vmax.data() : nullptr, lists.model_list(), step_ptrs.data(), call.absmaxes(),
                     sizes.data(), a, c10::cuda::getCurrentCUDAStream());
+  finish_grads(grads, grad_scale);
   call.finish(found_inf);
 }
 
@@ -429,6 +440,7 @@ void lion_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   const auto sizes = sizes_of(params);
   cuda::lion_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), m.data(),
                     lists.model_list(), call.absmaxes(), sizes.data(), a, c10::cuda::getCurrentCUDAStream());
+  finish_grads(grads, grad_scale);
   call.finish(found_inf);
 }
 
@@ -459,6 +471,7 @@ void adagrad_call(at::TensorList params, at::TensorList grads_in, at::TensorList
   cuda::adagrad_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(), s.data(),
                        lists.model_list(), step_ptrs.data(), call.absmaxes(), sizes.data(), a,
                        c10::cuda::getCurrentCUDAStream());
+  finish_grads(grads, grad_scale);
   call.finish(found_inf);
 }
 
@@ -500,7 +513,9 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
   SumsScratch norms(device, a.trust_ratio || phase.sums_only ? n : 0, max_chunks, 2);
   cuda::lamb_launch(lists.dtypes, n, lists.values.data(), g.data(), m.data(), v.data(), lists.model_list(),
                     step_ptrs.data(), call.absmaxes(), sizes.data(), a, norms.sums, phase, stream);
-  if (!phase.sums_only) call.finish(found_inf);
+  if (phase.sums_only) return;
+  finish_grads(grads, grad_scale);
+  call.finish(found_inf);
 }
 
 void lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,

@@ -69,7 +69,7 @@ struct LambOnePass {
     for_each_element<Types, 3, typename U::model_t>(meta, chunk, [&](M(&x)[4]) {
       lamb.rule.moments(x[0], x[3], x[1], x[2]);
       LambRule<M>::apply(x[0], neg_lr, lamb.rule.direction(x[0], x[1], x[2]));
-    }, coding_of(a.s));
+    }, coding_of(a.s), a.s.grad_scale);
   }
 };
 
@@ -99,7 +99,7 @@ struct LambMoments {
       const M u = rule.direction(x[2], x[0], x[1]);
       acc[0] = fma(x[2], x[2], acc[0]);
       acc[1] = fma(u, u, acc[1]);
-    }, coding_of(a.lamb.s, 1));  // m and v: the random streams 1 and 2
+    }, coding_of(a.lamb.s, 1), kStore ? a.lamb.s.grad_scale : nullptr);  // m and v: the random streams 1 and 2
     store_chunk_sums<2>(acc, chunk, a.sums);
   }
 };

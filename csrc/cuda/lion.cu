@@ -26,7 +26,7 @@ struct LionFunctor {
     const auto rule = lion_rule<M>(lr_of(a.s), a.beta1, a.beta2, a.weight_decay, inv_scale_of(a.s));
     for_each_element<Types, 2, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       rule.apply(x[0], x[2], x[1]);
-    }, coding_of(a.s));
+    }, coding_of(a.s), a.s.grad_scale);
   }
 };
 

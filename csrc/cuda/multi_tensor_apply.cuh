@@ -279,12 +279,26 @@ __device__ __forceinline__ void store_vector(S* p, const S (&raw)[kVec]) {
   }
 }
 
+// The grads an update's last pass over them writes back unscaled (the contract: csrc/cpu/op_args.h
+// AmpArgs): given GradScaler's grad_scale (a device pointer) other than 1, the launch's last
+// element list, the grads, is stored back as g * (1/grad_scale) from the values loaded, before
+// op runs, rounded to the grads' dtype.
+template <typename M>
+struct GradWriteBack {
+  bool on;
+  M inv_scale;
+  __device__ explicit GradWriteBack(const float* grad_scale)
+      : on(grad_scale != nullptr && *grad_scale != 1.f),
+        inv_scale(on ? static_cast<M>(1.0 / static_cast<double>(*grad_scale)) : M(1)) {}
+};
+
 // for_each_element of lists of values only: 16-byte vectors where every list is aligned.
 template <typename Types, int Mutable, typename Model, int Depth, typename Op>
 __device__ __forceinline__ void for_each_plain_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk,
-                                                       Op op) {
+                                                       Op op, const GradWriteBack<typename Types::opmath>& grads) {
   using M = typename Types::opmath;
   constexpr int kLists = Types::size;
+  using G = typename Types::template at<kLists - 1>;
   constexpr bool kModel = !std::is_void_v<Model>;
   static_assert(Mutable <= kLists && kLists + kModel <= Depth, "lists: mutable first, element lists before the others");
   static_assert(!kModel || Mutable >= 1, "the model list receives list 0, which must be updated");
@@ -313,6 +327,12 @@ __device__ __forceinline__ void for_each_plain_element(const TensorListMetadata<
 #pragma unroll
         for (int e = 0; e < kVec; ++e) x[e][decltype(d)::value] = to_opmath<S>(raw[e]);
       });
+      if (grads.on) {
+        alignas(16) G raw[kVec];
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) raw[e] = from_opmath<G>(x[e][kLists - 1] * grads.inv_scale);
+        store_vector<kVec>(list(Index<kLists - 1>{}) + v, raw);
+      }
 #pragma unroll
       for (int e = 0; e < kVec; ++e) op(x[e]);
       static_for<Mutable>([&](auto d) {
@@ -334,6 +354,7 @@ __device__ __forceinline__ void for_each_plain_element(const TensorListMetadata<
   for (int64_t j = i + threadIdx.x; j < chunk.end; j += blockDim.x) {
     M x[kLists];
     static_for<kLists>([&](auto d) { x[decltype(d)::value] = to_opmath(list(d)[j]); });
+    if (grads.on) list(Index<kLists - 1>{})[j] = from_opmath<G>(x[kLists - 1] * grads.inv_scale);
     op(x);
     static_for<Mutable>([&](auto d) {
       using S = typename Types::template at<decltype(d)::value>;
@@ -365,7 +386,8 @@ struct Coded {
 // runs op on the elements below the chunk's end, and encodes the mutable lists and the model list.
 template <typename Types, int Mutable, typename Model, int Depth, typename Op>
 __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk,
-                                                       const Coding& coding, Op op) {
+                                                       const Coding& coding, Op op,
+                                                       const GradWriteBack<typename Types::opmath>& grads) {
   using M = typename Types::opmath;
   static_assert(std::is_same_v<M, float>, "compact state is decoded to float");
   constexpr int kLists = Types::size;
@@ -393,6 +415,12 @@ __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<
         x[e][decltype(d)::value] = i < chunk.end ? list.load(i) : M(0);
       }
     });
+    if (grads.on) {
+      M v[kPerLane];
+#pragma unroll
+      for (int e = 0; e < kPerLane; ++e) v[e] = x[e][kLists - 1] * grads.inv_scale;
+      open(Index<kLists - 1>{}).store(v, block, chunk.end);
+    }
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) {
       if (block + lane + 32 * e < chunk.end) op(x[e]);
@@ -418,14 +446,16 @@ __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<
 // nearest even to Model (master weights: list 0 the fp32 masters, the model list their fp16/bf16
 // params). Lists after these carry other per-tensor pointers (e.g. step counters), then, with
 // 8-bit lists, one absmax list per 8-bit list. Lists of compact state are decoded and encoded as
-// `coding` says (compact_state.cuh).
+// `coding` says (compact_state.cuh). An update's last pass over the grads, its last element list,
+// passes `unscale_grads`, GradScaler's grad_scale (GradWriteBack).
 template <typename Types, int Mutable, typename Model = void, int Depth, typename Op>
 __device__ __forceinline__ void for_each_element(const TensorListMetadata<Depth>& meta, const Chunk& chunk, Op op,
-                                                 const Coding& coding = {}) {
+                                                 const Coding& coding = {}, const float* unscale_grads = nullptr) {
+  const GradWriteBack<typename Types::opmath> grads(unscale_grads);
   if constexpr (Types::kCodedLists) {
-    for_each_coded_element<Types, Mutable, Model>(meta, chunk, coding, op);
+    for_each_coded_element<Types, Mutable, Model>(meta, chunk, coding, op, grads);
   } else {
-    for_each_plain_element<Types, Mutable, Model>(meta, chunk, op);
+    for_each_plain_element<Types, Mutable, Model>(meta, chunk, op, grads);
   }
 }
 

@@ -56,7 +56,7 @@ struct SgdFunctor {
       } else {
         rule.apply(x[0], x[kLists - 1]);
       }
-    }, coding_of(a.s));
+    }, coding_of(a.s), a.s.grad_scale);
   }
 };
 

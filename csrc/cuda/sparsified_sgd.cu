@@ -30,7 +30,7 @@ struct AccumulateFunctor {
     for_each_element<Types, 2, typename U::model_t>(meta, chunk_of_block(meta), [&](M(&x)[3]) {
       x[1] = fma(step, x[2], x[1]);
       x[0] = fma(neg_wd, x[0], x[0]);
-    });
+    }, {}, a.s.grad_scale);
   }
 };
 

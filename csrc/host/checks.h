@@ -46,25 +46,33 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
   }
 }
 
-// Read-only inputs of one op call (grads, the norm op's tensors), contiguous: the caller's tensors
-// where they already are (borrowed: they outlive the call, and no Tensor handle is copied),
-// contiguous copies where not.
+// The inputs of one op call that are read (grads, the norm op's tensors), contiguous: the
+// caller's tensors where they already are (borrowed: they outlive the call, and no Tensor handle
+// is copied), contiguous copies where not. An update that wrote its grads back unscaled (into the
+// copies too) calls copy_back().
 class ContiguousTensors {
  public:
-  void reserve(size_t n) { tensors_.reserve(n); }
-  void push_back(const at::Tensor& t) { tensors_.push_back(t.expect_contiguous()); }
+  explicit ContiguousTensors(at::TensorList sources) : sources_(sources) {
+    tensors_.reserve(sources.size());
+    for (const auto& t : sources) tensors_.push_back(t.expect_contiguous());
+  }
   const at::Tensor& operator[](size_t i) const { return *tensors_[i]; }
   size_t size() const { return tensors_.size(); }
+  // Each contiguous copy written into the caller's tensor it was made from.
+  void copy_back() const {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (!tensors_[i].unsafeIsBorrowed()) sources_[i].copy_(*tensors_[i]);
+    }
+  }
 
  private:
+  at::TensorList sources_;
   std::vector<c10::MaybeOwned<at::Tensor>> tensors_;
 };
 
 // Checks the grads against their params (dtype, shape, device, dense) and returns them contiguous.
 inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
   check_same_size(op, "grads", params, grads);
-  ContiguousTensors out;
-  out.reserve(grads.size());
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
     TORCH_CHECK(g.layout() == at::kStrided, "fused_optim::", op, ": grads[", i,
@@ -74,9 +82,8 @@ inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at
                 "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", shape ", g.sizes(), ", ", g.device(),
                 ") does not match its param (", params[i].scalar_type(), ", shape ", params[i].sizes(), ", ",
                 params[i].device(), ")");
-    out.push_back(g);
   }
-  return out;
+  return ContiguousTensors(grads);
 }
 
 // The params of an update op: `model`, the params as the caller holds them (their grads have

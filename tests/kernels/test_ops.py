@@ -134,6 +134,7 @@ def test_bucket_twin_equals_the_list_op_and_bumps_versions(op):
             if isinstance(x, torch.Tensor):
                 assert torch.equal(x, y)
     assert all(t._version == v + 1 for t, v in zip([t for lst in lists for t in lst], versions))
+    assert all(g._version == 1 for g in grads)  # given a grad_scale, the step writes them back unscaled
     with pytest.raises(RuntimeError, match=f"bucket {bucket} does not exist"):
         twin(bucket, *per_step, **kwargs)
 
