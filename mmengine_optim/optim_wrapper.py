@@ -42,6 +42,9 @@ class FusedOptimWrapper(OptimWrapper):
         c = min(1, max_norm / (n + 1e-6))          (clip_grad=dict(max_norm=...), as torch)
         optimizer.step() with grad_scale = s / c   (the kernels update with g·c/s)
 
+    and the kernels leave g·c/s in ``.grad`` (what mmengine's ``AmpOptimWrapper`` leaves after its
+    unscale and in-place clip), written in their update pass.
+
     ``clip_grad=dict(type='value', clip_value=v)`` clamps the scaled grads at ±v·s first.
 
     Args:

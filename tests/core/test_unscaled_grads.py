@@ -41,17 +41,33 @@ def torch_unscaled(grads: list, scale: float) -> list:
 
 
 def run_op(op: str, implementation: str, args, kwargs) -> None:
+    """``op`` (a list op or a compact twin) on CPU tensors, by one implementation; "gpu" runs the
+    CUDA kernels on copies on the GPU and copies every result back into the CPU tensors."""
+    kwargs = same_draws(kwargs)
     if implementation == "reference":
-        SPECS[op].run_reference(*args, **same_draws(kwargs))
+        spec = SPECS[op.replace("compact_", "")]
+        (spec.run_compact_reference if op.endswith("compact_") else spec.run_reference)(*args, **kwargs)
     elif implementation == "cpu":
         _build.load("cpu")
-        getattr(torch.ops.fused_optim, op)(*args, **same_draws(kwargs))
-    else:
+        getattr(torch.ops.fused_optim, op)(*args, **kwargs)
+    elif implementation == "emulated_cuda":
         _build.load_emulated_cuda()
-        getattr(torch.ops.fused_optim_emulated_cuda, op)(*args, **same_draws(kwargs))
+        getattr(torch.ops.fused_optim_emulated_cuda, op)(*args, **kwargs)
+    else:
+        _build.load("cuda")
+        to = lambda x: x.cuda() if isinstance(x, torch.Tensor) and x.dtype != torch.int64 else x  # noqa: E731
+        on_gpu = [[to(x) for x in a] if isinstance(a, list) else to(a) for a in args]
+        gpu_kwargs = {k: to(v) for k, v in kwargs.items()}
+        getattr(torch.ops.fused_optim, op)(*on_gpu, **gpu_kwargs)
+        for a, b in [*zip(args, on_gpu), *((kwargs[k], gpu_kwargs[k]) for k in kwargs)]:
+            for x, y in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+                if isinstance(x, torch.Tensor) and x is not y:
+                    x.copy_(y.cpu())
 
 
-IMPLEMENTATIONS = ["cpu", "emulated_cuda", "reference"]
+# The CPU kernels, the CUDA kernels (emulated on the CPU; on a GPU where there is one: make
+# check-gpu runs this file's cuda tests) and the reference.
+IMPLEMENTATIONS = ["cpu", "emulated_cuda", pytest.param("gpu", marks=pytest.mark.cuda), "reference"]
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -100,7 +116,8 @@ def test_the_sums_only_call_leaves_the_grads_and_the_update_unscales_them(op, im
 @pytest.mark.parametrize("op", ["adam_", "sgd_", "lamb_"])
 def test_non_contiguous_grads_are_written_back(op, implementation):
     """A kernel reads a non-contiguous grad through a contiguous copy; the unscaled values still
-    reach the caller's tensor (strided: every other column of a wider one)."""
+    reach the caller's tensor (strided: every other column of a wider one). The copy and its
+    return are the CUDA binding's host code, which the emulation runs as it is."""
     args, kwargs = sample_args(op, torch.float32, amp=True)
     wide = [torch.randn(g.numel(), 2) for g in args[1]]
     grads = [w[:, 0] for w in wide]
@@ -124,13 +141,7 @@ def test_compact_state_steps_unscale_the_grads_too(op, fmt, dtype, implementatio
     inputs = _op_inputs(op, fmt, dtype, amsgrad=False)
     args, scalars = _args(op, _clone(list(inputs)))
     expected = torch_unscaled(args[1], 3.0)
-    name = SPECS[op].compact_name
-    scalars["grad_scale"] = torch.tensor(3.0)
-    if implementation == "reference":
-        SPECS[op].run_compact_reference(*args, **scalars)
-    else:
-        getattr(torch.ops.fused_optim if implementation == "cpu" else torch.ops.fused_optim_emulated_cuda,
-                name)(*args, **scalars)
+    run_op(SPECS[op].compact_name, implementation, args, {**scalars, "grad_scale": torch.tensor(3.0)})
     assert all(torch.equal(g, e) for g, e in zip(args[1], expected))
 
 
