@@ -10,7 +10,10 @@ Update ops (one per declaration in :data:`fused_optim.specs.SPECS`: ``sgd_``, ``
 in-place (trailing underscore), take the params, the grads, the algorithm's state lists, its
 per-step lists and keyword scalars, plus the optional
 ``grad_scale`` / ``found_inf`` of ``torch.amp.GradScaler``: grads are divided by ``grad_scale``
-inside the op, and nothing at all changes when ``found_inf`` is non-zero (step counters included).
+inside the op, which writes them back so divided (``g·(1/grad_scale)`` rounded to their dtype,
+what ``GradScaler.unscale_`` makes of them) when the scale is not 1, and nothing at all changes
+when ``found_inf`` is non-zero (step counters included). ``adam_`` also takes ColossalAI's
+``div_scale``, which divides the grads in the update only.
 ``lr_tensor`` (one element), when given, is the learning rate and ``lr`` is ignored: on CUDA the
 kernels read it, ``grad_scale`` and ``found_inf`` on the device, so a step does no host sync and a
 CUDA graph replay sees the tensor's current value (torch.optim's Tensor lr).

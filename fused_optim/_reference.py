@@ -190,12 +190,12 @@ def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_si
 
 
 def adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, lr, beta1, beta2, eps,
-          weight_decay, amsgrad, decoupled, maximize, bias_correction=True, lr_tensor=None, grad_scale=None,
-          found_inf=None) -> None:
+          weight_decay, amsgrad, decoupled, maximize, bias_correction=True, div_scale=1.0, lr_tensor=None,
+          grad_scale=None, found_inf=None) -> None:
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
-    mul = _grad_multiplier(grad_scale, maximize)
+    mul = _grad_multiplier(grad_scale, maximize) / div_scale
     for i, (p, g_in) in enumerate(zip(params, grads)):
         steps[i].add_(1)
         step = float(steps[i].item())

@@ -6,9 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-import torch
-from torch import Tensor
-
 from .adam import FusedAdam
 from .checks import check_flag, is_real
 from .state_files import StateFiles
@@ -48,8 +45,10 @@ class CPUAdam(FusedAdam):
     with the same math; ``div_scale`` applies on CUDA params too (ColossalAI's CPUAdam asserts it
     is -1 there); ``adamw_mode`` is a group option (``decoupled_weight_decay``), so groups may
     differ; a state with offloaded tensors saves and loads (ColossalAI raises
-    ``NotImplementedError``). GradScaler's ``grad_scale`` and ``div_scale`` combine (the grads are
-    divided by both).
+    ``NotImplementedError``). GradScaler's ``grad_scale`` and ``div_scale`` combine (the update
+    divides the grads by both; the op's ``div_scale``, as ColossalAI's kernel takes it), and the
+    grads left after the step are unscaled by ``grad_scale`` only (GradScaler's contract):
+    ``div_scale`` alone never changes them, as in ColossalAI.
 
     Args:
         model_params: iterable of params or param-group dicts.
@@ -99,13 +98,6 @@ class CPUAdam(FusedAdam):
             return super().step(closure)
         finally:
             self._div_scale = None
-
-    def _amp_args(self) -> tuple[Tensor | None, Tensor | None]:
-        grad_scale, found_inf = super()._amp_args()
-        if self._div_scale is not None:
-            grad_scale = (torch.tensor(self._div_scale, dtype=torch.float32) if grad_scale is None
-                          else grad_scale * self._div_scale)
-        return grad_scale, found_inf
 
     def _init_state(self, p, state, group) -> None:
         super()._init_state(p, state, group)

@@ -33,6 +33,7 @@ _CPP_TYPES = {
     "bool[]": "const c10::List<bool>&",
     "float": "double",
     "int": "int64_t",
+    "int[]": "c10::IntArrayRef",
     "bool": "bool",
     "Tensor?": "const std::optional<at::Tensor>&",
     "Generator?": "const std::optional<at::Generator>&",

@@ -100,8 +100,9 @@ def to_group_format(p: Tensor, state: dict, group: dict, gi: int, i: int, keys: 
 
 
 def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[dict], lists: tuple):
-    """The compact twin's flags and its two extra lists (absmaxes of the 8-bit state lists,
-    list-major, and the rounding keys) for a bucket whose op lists are ``lists``."""
+    """The compact twin's flags (with ``element_offsets`` for DTensor params rounded
+    stochastically: :func:`.sharding.element_offset`) and its two extra lists (absmaxes of the
+    8-bit state lists, list-major, and the rounding keys) for a bucket whose op lists are ``lists``."""
     absmaxes = []
     for k, lst in spec.compact_lists():
         if lists[k] and lists[k][0].dtype == torch.uint8:
@@ -114,6 +115,8 @@ def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[
                  and "master_param" not in states[0])
     stochastic = flags["stochastic_state"] or flags["stochastic_params"]
     keys = [st[state_formats.ROUNDING_KEY] for st in states] if stochastic else []
+    if stochastic and any(sharding.is_dtensor(p) for p in params):  # shards draw their whole tensors' bits
+        flags["element_offsets"] = [sharding.element_offset(p) for p in params]
     return flags, (absmaxes, keys)
 
 

@@ -19,6 +19,7 @@ imported it, no DTensor exists, and a plain optimizer pays no import.
 
 from __future__ import annotations
 
+import math
 import sys
 
 import torch
@@ -84,6 +85,24 @@ def check_format(p: Tensor, state_dtype: torch.dtype, where: str) -> None:
         raise ValueError(f"{where} is a DTensor: state_dtype='8bit' does not support sharded params yet (its "
                          "per-block absmax does not shard with the param); use state_dtype=torch.bfloat16, or "
                          "state_dtype=None for this param's group")
+
+
+def element_offset(p: Tensor) -> int:
+    """The index in DTensor ``p``'s whole tensor (row-major) of its local tensor's first element,
+    where the local tensor is a contiguous range of the whole: every placement that shards it is
+    ``Shard(0)`` (FSDP2's; any replicas beside). Stochastic rounding draws each element's bits by
+    that index plus its local one, so a shard rounds as the unsharded tensor does. 0 for a plain
+    tensor, and for a shard of another dimension (its elements are no range of the whole: its
+    bits are drawn by the local index, unbiased still, but not the unsharded tensor's)."""
+    if not is_dtensor(p):
+        return 0
+    shard = sys.modules["torch.distributed.tensor"].Shard
+    if not all(type(pl) is shard and pl.dim == 0 for pl in p.placements if pl.is_shard()):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # (DTensor's own rule)
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return int(offset[0]) * math.prod(p.shape[1:]) if p.dim() else 0
 
 
 def sharded_dims(p: Tensor) -> list[int]:

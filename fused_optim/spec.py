@@ -103,14 +103,16 @@ def _decoded_8bit(codes: list[Tensor], absmaxes: list[Tensor], signed: bool) -> 
     return decoded, [functools.partial(_store_8bit, t, absmax, signed) for t, absmax in zip(codes, absmaxes)]
 
 
-def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int) -> tuple[list, list]:
+def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int, offsets: list[int]) -> tuple[list, list]:
     """A list of bf16 state tensors as they are, and for each the function storing new values
     back (:func:`_store_bf16`): rounded to nearest even, or with ``keys`` stochastically, with
-    the random bits of the kernels' ``stream`` for this list."""
+    the random bits of the kernels' ``stream`` for this list (tensor t's elements from index
+    ``offsets[t]`` of its whole tensor)."""
     if keys is None:
         bits = [None] * len(tensors)
     else:
-        bits = [state_formats.random_bits(int(key), stream, t.numel(), t.device) for key, t in zip(keys, tensors)]
+        bits = [state_formats.random_bits(int(key), stream, t.numel(), t.device, offset)
+                for key, t, offset in zip(keys, tensors, offsets)]
     return list(tensors), [functools.partial(_store_bf16, t, b) for t, b in zip(tensors, bits)]
 
 
@@ -162,15 +164,18 @@ class OpSpec:
         """The compact twin's schema (key ``""``): the list op's, plus after the state lists
         ``absmaxes`` (the fp32 scales of the 8-bit state lists, list-major: one per param for each
         8-bit list) and ``rounding_keys`` (one int64 counter per param, advanced by one per step;
-        empty without stochastic rounding), and the flags ``stochastic_state`` /
-        ``stochastic_params``; and its bucket twin's (key ``"bucket"``), as :meth:`schemas`.
+        empty without stochastic rounding), the flags ``stochastic_state`` / ``stochastic_params``
+        and ``element_offsets`` (empty, or one per param: the index in its whole tensor of the
+        first element of a param that is a contiguous part of one, a shard: stochastic rounding
+        draws each element's bits by its index in the whole tensor, fused_optim/sharding.py); and
+        its bucket twin's (key ``"bucket"``), as :meth:`schemas`.
         See fused_optim/state_formats.py, csrc/cpu/compact_state.h and csrc/cuda/compact_state.cuh."""
         head, _, tail = self.schemas()[""].partition(", *, ")
         letter = chr(ord("c") + len(self.state))
         extra = f", Tensor({letter}!)[] absmaxes, Tensor({chr(ord(letter) + 1)}!)[] rounding_keys"
         state, per_step = (head.split(", bool[]", 1) + [""])[:2]
         per_step = f", bool[]{per_step}" if per_step else ""
-        flags = "bool stochastic_state=False, bool stochastic_params=False, "
+        flags = "bool stochastic_state=False, bool stochastic_params=False, int[] element_offsets=[], "
         keywords = tail.replace("Tensor? lr_tensor", flags + "Tensor? lr_tensor", 1).removesuffix(") -> ()")
         return {"": f"{state}{extra}{per_step}, *, {keywords}) -> ()",
                 "bucket": f"(int bucket{per_step}, *, {keywords}) -> int"}
@@ -181,7 +186,7 @@ class OpSpec:
         return tuple((k, s) for k, s in enumerate(self.state[:-1]) if s.sample != "counter")
 
     def run_compact_reference(self, params: list, grads: list, *lists, stochastic_state: bool = False,
-                              stochastic_params: bool = False, **kwargs) -> None:
+                              stochastic_params: bool = False, element_offsets=(), **kwargs) -> None:
         """The compact twin's reference: decode the compact state (and stochastically rounded
         bf16 params) to fp32, run :meth:`run_reference` on it, encode back with the same code
         books and random bits as the kernels (fused_optim/state_formats.py), advance the keys.
@@ -194,7 +199,11 @@ class OpSpec:
         found_inf = kwargs.get("found_inf")
         if found_inf is not None and bool(found_inf.item()):
             return
-        pending = self._decode_compact(state, params, absmaxes, keys, stochastic_state)
+        offsets = list(element_offsets) or [0] * len(params)
+        if len(offsets) != len(params):
+            raise ValueError(f"{self.compact_name}: element_offsets has {len(offsets)} entries for {len(params)} "
+                             "params; give one per param (or none)")
+        pending = self._decode_compact(state, params, absmaxes, keys, stochastic_state, offsets)
         run_params = [p.float() for p in params] if stochastic_params else params
 
         def settle(t: Tensor) -> None:
@@ -210,13 +219,14 @@ class OpSpec:
             store(x)
         if stochastic_params:
             for i, (p, x) in enumerate(zip(params, run_params)):
-                p.copy_(state_formats.round_bf16(x, state_formats.random_bits(int(keys[i]), 0, p.numel(), p.device)))
+                bits = state_formats.random_bits(int(keys[i]), 0, p.numel(), p.device, offsets[i])
+                p.copy_(state_formats.round_bf16(x, bits))
         if stochastic_state or stochastic_params:
             for key in keys:
                 key.add_(1)
 
     def _decode_compact(self, state: list[list], params: list, absmaxes: list, keys: list,
-                        stochastic_state: bool) -> dict:
+                        stochastic_state: bool, offsets: list[int]) -> dict:
         """Replaces, in ``state``, each compact state tensor by its values in the kernels' math
         type (fp32; fp64 for fp64 values), and returns, by id of those values, ``(values, store)``:
         ``store(x)`` writes x back into the compact tensor (with the kernels' random bits when
@@ -235,7 +245,7 @@ class OpSpec:
                 decoded, stores = _decoded_8bit(tensors, absmaxes[slot * n:(slot + 1) * n], spec.sample != "nonnegative")
                 slot += 1
             elif tensors[0].dtype == torch.bfloat16:
-                decoded, stores = _decoded_bf16(tensors, keys if stochastic_state else None, 1 + k)
+                decoded, stores = _decoded_bf16(tensors, keys if stochastic_state else None, 1 + k, offsets)
             else:  # fp32 state of fp64 values (their reference only: no kernel takes it)
                 decoded, stores = list(tensors), [functools.partial(_store_cast, t) for t in tensors]
             for i, (x, store) in enumerate(zip(decoded, stores)):

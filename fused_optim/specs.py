@@ -50,6 +50,12 @@ def _lamb_global_norm(opt, group: dict):
     return opt._grad_norm if group["max_grad_norm"] else None
 
 
+def _div_scale(opt, group: dict) -> float:
+    """ColossalAI's ``step(div_scale=d)`` divisor of the grads in the update (CPUAdam sets it for
+    the step; 1: none). Unlike ``grad_scale`` it is never taken out of the grads written back."""
+    return getattr(opt, "_div_scale", None) or 1.0
+
+
 def _sparse_grad_size(opt, group: dict) -> int:
     """k is clamped to each param's size in the op; an int64 holds any size."""
     return min(int(group["sparse_grad_size"]), _INT64_MAX)
@@ -91,7 +97,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
         "adam_", (*_MOMENTS, StateList("max_exp_avg_sqs", "max_exp_avg_sq", "nonnegative", when="amsgrad"), *_STEPS), (),
         (_float("lr"), _beta(0, as_float=True), _beta(1, as_float=True), _float("eps"), _float("weight_decay"),
          _bool("amsgrad"), Scalar("decoupled", "bool", "decoupled_weight_decay"), _bool("maximize"),
-         Scalar("bias_correction", "bool", "bias_correction", "True")),
+         Scalar("bias_correction", "bool", "bias_correction", "True"), Scalar("div_scale", "float", _div_scale, "1.")),
         _reference.adam_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=True, decoupled=True,
              maximize=False, bias_correction=True), compact=True,

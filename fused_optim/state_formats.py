@@ -35,8 +35,10 @@ mantissa, then truncate. A value between two bf16 neighbours a and b = a + ulp r
 probability (x - a)/ulp, so its expectation is x (the magnitude rounds up or down; the sign is
 untouched; NaN stays NaN). The bits are a hash of (key, stream, element index): ``key`` a per-param
 int64 counter in the optimizer state (``state["rounding_key"]``, advanced by one per step),
-``stream`` 0 for the param and 1 + k for its k-th state tensor. Results therefore do not depend on
-the thread count, the reference reproduces the kernels' bits, and a resumed run continues exactly.
+``stream`` 0 for the param and 1 + k for its k-th state tensor; the index is the element's in its
+whole tensor (a ``Shard(0)`` DTensor's local tensor starts at its ``element_offset``,
+:mod:`.sharding`). Results therefore do not depend on the thread count nor on how the tensor is
+sharded, the reference reproduces the kernels' bits, and a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -143,10 +145,11 @@ def stream_seed(key: int, stream: int) -> int:
     return _scalar_hash(mixed ^ ((stream * 0x9E3779B9) & _M32))
 
 
-def random_bits(key: int, stream: int, numel: int, device: torch.device | str = "cpu") -> Tensor:
-    """16 random bits per element (int64): hash(seed ^ low 32 bits of i ^ hash(i >> 32)) & 0xffff."""
+def random_bits(key: int, stream: int, numel: int, device: torch.device | str = "cpu", offset: int = 0) -> Tensor:
+    """16 random bits per element (int64): hash(seed ^ low 32 bits of i ^ hash(i >> 32)) & 0xffff,
+    for the elements i = offset, …, offset + numel − 1 (a shard's indices in its whole tensor)."""
     seed = stream_seed(key, stream)
-    i = torch.arange(numel, dtype=torch.int64, device=device)
+    i = torch.arange(offset, offset + numel, dtype=torch.int64, device=device)
     high = hash32(i >> 32)
     return hash32((i & _M32) ^ seed ^ high) & 0xFFFF
 

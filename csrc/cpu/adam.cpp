@@ -11,6 +11,8 @@
 #include "../shared/adam_math.h"
 #include "../shared/bias_correction.h"
 
+#include <cmath>
+
 namespace fused_optim {
 namespace {
 
@@ -18,16 +20,18 @@ namespace {
 void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
                at::TensorList keys, double lr, double beta1, double beta2, double eps, double weight_decay,
-               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, bool stochastic_state,
-               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, double div_scale, bool stochastic_state,
+               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
+  TORCH_CHECK(std::isfinite(div_scale) && div_scale > 0.0, "fused_optim::adam_: div_scale must be a finite number > 0, "
+              "got ", div_scale);
   const UpdatedParams params = checked_params("adam_", model, masters);
-  const auto grads = checked_grads("adam_", params.model, grads_in);
+  const auto grads = checked_grads("adam_", params.model, grads_in, amp.unscale_grads);
   const CompactArgs c =
-      compact_args("adam_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
+      compact_args("adam_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
   int slot = check_state_list("adam_", "exp_avgs", params, exp_avgs, c, 0);
   slot = check_state_list("adam_", "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   if (amsgrad) {
@@ -53,7 +57,9 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;
     using V = FVec<T>;
-    const auto base = adam_rule<V>(lr, beta1, beta2, eps, weight_decay, decoupled, maximize, amp.inv_scale);
+    // grad_scale and ColossalAI's div_scale divide the grads in the update; only grad_scale is taken
+    // out of the grads written back (grad_stream)
+    const auto base = adam_rule<V>(lr, beta1, beta2, eps, weight_decay, decoupled, maximize, amp.inv_scale / div_scale);
     dispatch_format<T>(c, [&](auto format) {
       constexpr StateFormat F = decltype(format)::value;
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
@@ -86,10 +92,10 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
 void adam_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, double lr, double beta1,
               double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-              bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
+              bool bias_correction, double div_scale, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, {}, {}, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, false, false, lr_tensor, grad_scale,
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, false, false, {}, lr_tensor, grad_scale,
             found_inf);
 }
 
@@ -97,11 +103,11 @@ void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
                       at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                       at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr, double beta1,
                       double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-                      bool bias_correction, bool stochastic_state, bool stochastic_params,
+                      bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, absmaxes, keys, lr, beta1, beta2,
-            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, stochastic_state, stochastic_params,
+            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, stochastic_state, stochastic_params, element_offsets,
             lr_tensor, grad_scale, found_inf);
 }
 

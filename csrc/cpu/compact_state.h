@@ -48,11 +48,13 @@ inline void encode_8bit(const float* in, float absmax, uint8_t* out, int64_t n) 
 
 // ---- compact streams (for_each_chunk) --------------------------------------------------------
 
-// A bf16 state tensor of fp32 values: rounded to nearest even, or stochastically with `seed`.
+// A bf16 state tensor of fp32 values: rounded to nearest even, or stochastically with `seed`, its
+// element i by the random bits of index offset + i (CompactArgs::offset: a shard's in its whole tensor).
 struct Bf16State {
   c10::BFloat16* data;
   uint32_t seed;
   bool stochastic;
+  int64_t offset;
 };
 
 // An 8-bit state tensor: codes and one absmax per block of kQuantBlock.
@@ -62,10 +64,12 @@ struct Q8State {
   bool is_signed;
 };
 
-// A bf16 param without master updated in fp32 and rounded stochastically with `seed`.
+// A bf16 param without master updated in fp32 and rounded stochastically with `seed` (and
+// `offset`, as Bf16State's).
 struct SrParam {
   c10::BFloat16* data;
   uint32_t seed;
+  int64_t offset;
 };
 
 // How for_each_chunk opens a stream for one chunk [at, at + n) of its tensor: Opened::in gives
@@ -146,19 +150,23 @@ struct Staging<Bf16Read, L> : Bf16Staging<Bf16Read, L> {};
 template <int64_t L>
 struct Staging<Bf16Values, L> : Bf16Staging<Bf16Values, L> {};
 
-inline Bf16Values bf16_values(c10::BFloat16* data, uint32_t seed, bool stochastic, int64_t at) {
-  return {data + at, seed_at(seed, at), static_cast<uint32_t>(at), stochastic};
+// The bf16 stream from element `at` of a tensor whose element 0 has index `offset` in its whole tensor.
+inline Bf16Values bf16_values(c10::BFloat16* data, uint32_t seed, bool stochastic, int64_t offset, int64_t at) {
+  const int64_t index = offset + at;
+  return {data + at, seed_at(seed, index), static_cast<uint32_t>(index), stochastic};
 }
 
 template <>
 struct Opened<Bf16State> {
-  Bf16Values in(const Bf16State& s, int64_t at, int64_t) const { return bf16_values(s.data, s.seed, s.stochastic, at); }
+  Bf16Values in(const Bf16State& s, int64_t at, int64_t) const {
+    return bf16_values(s.data, s.seed, s.stochastic, s.offset, at);
+  }
   void out(const Bf16State&, int64_t, int64_t) const {}
 };
 
 template <>
 struct Opened<SrParam> {
-  Bf16Values in(const SrParam& s, int64_t at, int64_t) const { return bf16_values(s.data, s.seed, true, at); }
+  Bf16Values in(const SrParam& s, int64_t at, int64_t) const { return bf16_values(s.data, s.seed, true, s.offset, at); }
   void out(const SrParam&, int64_t, int64_t) const {}
 };
 
@@ -322,7 +330,7 @@ auto state_stream(const CompactArgs& c, at::TensorList list, int64_t t, int k, i
     return ptr<float>(list[t]);
   } else if constexpr (F == StateFormat::kBf16) {
     return Bf16State{ptr<c10::BFloat16>(list[t]),
-                     c.stochastic_state ? stream_seed(c.key_values[t], 1 + k) : 0u, c.stochastic_state};
+                     c.stochastic_state ? stream_seed(c.key_values[t], 1 + k) : 0u, c.stochastic_state, c.offset(t)};
   } else {
     return Q8State{ptr<uint8_t>(list[t]), ptr<float>(c.absmaxes[slot * list.size() + t]), is_signed};
   }
@@ -352,7 +360,7 @@ void dispatch_format(const CompactArgs& c, const F& f) {
 template <typename T, typename S, typename F>
 void with_param_stream(const UpdatedParams& params, const CompactArgs& c, int64_t t, const F& f) {
   if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<S, T>) {
-    if (c.stochastic_params) return f(SrParam{ptr<T>(params.model[t]), stream_seed(c.key_values[t], 0)});
+    if (c.stochastic_params) return f(SrParam{ptr<T>(params.model[t]), stream_seed(c.key_values[t], 0), c.offset(t)});
   }
   f(param_stream<T, S>(params, t));
 }

@@ -202,11 +202,11 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
 // keys empty but for the compact twins.
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
-              at::TensorList keys, bool stochastic_state, bool stochastic_params, Lamb& a, double lr,
+              at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, Lamb& a, double lr,
               const NormSums& norm) {
   const UpdatedParams params = checked_params(op, model, masters);
-  const auto grads = checked_grads(op, params.model, grads_in);
-  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
+  const auto grads = checked_grads(op, params.model, grads_in, a.amp.unscale_grads && !norm.sums_only);
+  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
   const int slot = check_state_list(op, "exp_avgs", params, exp_avgs, c, 0);
   check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   check_steps(op, model, steps);
@@ -237,7 +237,7 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                double lr, double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
                bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb, bool trust_clip,
                const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
-               bool sums_only, bool stochastic_state, bool stochastic_params,
+               bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("lamb_", norm_sums, sums_only, params);
@@ -253,7 +253,7 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
   }
   run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys, stochastic_state,
-           stochastic_params, a, lr, norm);
+           stochastic_params, element_offsets, a, lr, norm);
 }
 
 // colossal_lamb_ and its compact twin.
@@ -262,7 +262,7 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
                         at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
                         double eps, double weight_decay, bool adam, bool bias_correction,
                         const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                        bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                        bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("colossal_lamb_", norm_sums, sums_only, params);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -272,7 +272,7 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   a.amp = amp;
   run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys,
-           stochastic_state, stochastic_params, a, lr, norm);
+           stochastic_state, stochastic_params, element_offsets, a, lr, norm);
 }
 
 }  // namespace
@@ -285,7 +285,7 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-            norm_sums, sums_only, false, false, lr_tensor, grad_scale, found_inf);
+            norm_sums, sums_only, false, false, {}, lr_tensor, grad_scale, found_inf);
 }
 
 void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -294,12 +294,12 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                       double max_grad_norm, bool use_nvlamb, bool trust_clip,
                       const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
-                      bool sums_only, bool stochastic_state, bool stochastic_params,
+                      bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
             eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
-            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, lr_tensor, grad_scale,
+            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale,
             found_inf);
 }
 
@@ -310,7 +310,7 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps,
-                     weight_decay, adam, bias_correction, norm_sums, sums_only, false, false, lr_tensor, grad_scale,
+                     weight_decay, adam, bias_correction, norm_sums, sums_only, false, false, {}, lr_tensor, grad_scale,
                      found_inf);
 }
 
@@ -319,12 +319,12 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,
                      beta2, eps, weight_decay, adam, bias_correction, norm_sums, sums_only, stochastic_state,
-                     stochastic_params, lr_tensor, grad_scale, found_inf);
+                     stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

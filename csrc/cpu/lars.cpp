@@ -20,7 +20,7 @@ void lars_impl(at::TensorList model, at::TensorList grads_in, at::TensorList buf
                at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
                double momentum, double dampening, double weight_decay, bool nesterov, double trust_coefficient,
                double eps, bool trust_clip, bool always_adapt, const std::optional<at::Tensor>& norm_sums,
-               bool sums_only, bool stochastic_state, bool stochastic_params,
+               bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("lars_", norm_sums, sums_only, model);
@@ -28,7 +28,7 @@ void lars_impl(at::TensorList model, at::TensorList grads_in, at::TensorList buf
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
   SgdCall call = sgd_call("lars_", model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys,
-                          stochastic_state, stochastic_params);
+                          stochastic_state, stochastic_params, element_offsets, amp.unscale_grads && !norm.sums_only);
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kPlain, momentum, dampening, 0.0, nesterov, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, 0.0), std::vector<double>(n, lr),
@@ -51,14 +51,14 @@ void colossal_lars_impl(at::TensorList model, at::TensorList grads_in, at::Tenso
                         at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
                         double momentum, double eeta, double weight_decay, double epsilon, bool lars,
                         const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                        bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                        bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("colossal_lars_", norm_sums, sums_only, model);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
   SgdCall call = sgd_call("colossal_lars_", model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys,
-                          stochastic_state, stochastic_params);
+                          stochastic_state, stochastic_params, element_offsets, amp.unscale_grads && !norm.sums_only);
   const size_t n = model.size();
   SgdFamily args{SgdDirection::kClamp, momentum, 0.0, kColossalLarsGradClamp, false, false,
                  std::vector<double>(n, amp.inv_scale), std::vector<double>(n, lars ? weight_decay : 0.0),
@@ -78,7 +78,7 @@ void lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, a
               const std::optional<at::Tensor>& norm_sums, bool sums_only, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, dampening, weight_decay, nesterov,
-            trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, false, false, lr_tensor,
+            trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, false, false, {}, lr_tensor,
             grad_scale, found_inf);
 }
 
@@ -87,11 +87,11 @@ void lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
                       double momentum, double dampening, double weight_decay, bool nesterov,
                       double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
                       const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                      bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                      bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, stochastic_state,
-            stochastic_params, lr_tensor, grad_scale, found_inf);
+            stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
 }
 
 void colossal_lars_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs, at::TensorList masters,
@@ -100,7 +100,7 @@ void colossal_lars_cpu(at::TensorList model, at::TensorList grads, at::TensorLis
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
   colossal_lars_impl(model, grads, bufs, masters, {}, {}, first_step, lr, momentum, eeta, weight_decay, epsilon, lars,
-                     norm_sums, sums_only, false, false, lr_tensor, grad_scale, found_inf);
+                     norm_sums, sums_only, false, false, {}, lr_tensor, grad_scale, found_inf);
 }
 
 void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList bufs,
@@ -108,11 +108,11 @@ void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::T
                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
                                double weight_decay, double epsilon, bool lars,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
   colossal_lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, eeta, weight_decay,
-                     epsilon, lars, norm_sums, sums_only, stochastic_state, stochastic_params, lr_tensor, grad_scale,
+                     epsilon, lars, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale,
                      found_inf);
 }
 

@@ -15,16 +15,16 @@ namespace {
 // lion_ and its compact twin (compact_state.h): absmaxes and keys empty for lion_.
 void lion_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList masters,
                at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
-               double weight_decay, bool stochastic_state, bool stochastic_params,
+               double weight_decay, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
   const UpdatedParams params = checked_params("lion_", model, masters);
-  const auto grads = checked_grads("lion_", params.model, grads_in);
+  const auto grads = checked_grads("lion_", params.model, grads_in, amp.unscale_grads);
   const CompactArgs c =
-      compact_args("lion_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params);
+      compact_args("lion_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
   check_state_list("lion_", "exp_avgs", params, exp_avgs, c, 0);
 
   std::vector<int64_t> numels(model.size());
@@ -54,17 +54,17 @@ void lion_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
 void lion_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs, at::TensorList masters, double lr,
               double beta1, double beta2, double weight_decay, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  lion_impl(model, grads, exp_avgs, masters, {}, {}, lr, beta1, beta2, weight_decay, false, false, lr_tensor,
+  lion_impl(model, grads, exp_avgs, masters, {}, {}, lr, beta1, beta2, weight_decay, false, false, {}, lr_tensor,
             grad_scale, found_inf);
 }
 
 void lion_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs, at::TensorList masters,
                       at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
-                      double weight_decay, bool stochastic_state, bool stochastic_params,
+                      double weight_decay, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   lion_impl(model, grads, exp_avgs, masters, absmaxes, keys, lr, beta1, beta2, weight_decay, stochastic_state,
-            stochastic_params, lr_tensor, grad_scale, found_inf);
+            stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

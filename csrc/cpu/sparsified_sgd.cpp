@@ -42,7 +42,7 @@ void sparsified_sgd_cpu(at::TensorList model, at::TensorList grads_in, at::Tenso
   if (amp.skip || model.empty()) return;
   TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
   const UpdatedParams params = checked_params("sparsified_sgd_", model, masters);
-  const auto grads = checked_grads("sparsified_sgd_", model, grads_in);
+  const auto grads = checked_grads("sparsified_sgd_", model, grads_in, amp.unscale_grads);
   check_mutable("sparsified_sgd_", "memories", params.values(), memories);
   const auto numels = numels_of(model);
   const auto indices = draw_sparse_indices(model, sparse_grad_size, random_sparse, generator);

@@ -36,7 +36,8 @@ struct AdamFunctor {
     const double lr = lr_of(a.s);
     const AdamStep s = adam_step(lr, bias_correction(a.beta1, a.beta2, step, a.bias_correction));
     const AdamRule<M> rule =
-        adam_rule<M>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, a.maximize, inv_scale_of(a.s))
+        adam_rule<M>(lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.decoupled, a.maximize,
+                     static_cast<double>(inv_scale_of(a.s)) / a.div_scale)
             .for_tensor(s);
     for_each_element<Types, kLists - 1, typename U::model_t>(meta, chunk, [&](M(&x)[kLists]) {
       if constexpr (kAmsgrad) {

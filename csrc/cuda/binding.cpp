@@ -16,6 +16,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -114,9 +115,13 @@ class Scalars {
 
 // The end of an update given a grad_scale: its kernels wrote the grads back unscaled (where the
 // scale is not 1; GradWriteBack, multi_tensor_apply.cuh), into the contiguous copies of those
-// given non-contiguous too, which go back to the caller's tensors (queued on the stream).
+// given non-contiguous too, which go back to the caller's tensors (queued on the stream). The
+// scale lives on the device, so the copies go back whatever it is (a scale of 1 or an overflow
+// step copies back the values they had: a write, not a change).
+bool scaled(const OptTensor& grad_scale) { return grad_scale.has_value() && grad_scale->defined(); }
+
 void finish_grads(const ContiguousTensors& grads, const OptTensor& grad_scale) {
-  if (grad_scale.has_value() && grad_scale->defined()) grads.copy_back();
+  if (scaled(grad_scale)) grads.copy_back();
 }
 
 std::vector<float*> checked_steps(const char* op, at::TensorList params, at::TensorList steps) {
@@ -168,22 +173,24 @@ struct SumsScratch {
 struct CompactInputs {
   at::TensorList absmaxes, keys;
   bool stochastic_state = false, stochastic_params = false;
+  c10::IntArrayRef element_offsets;
 };
 
 // A call's compact arguments (compact_args.h: the format from the state list `first`, checked as
 // the CPU kernels check them) for the kernels: the absmax pointers of its 8-bit lists (list-major,
 // as the op takes them) and the step's rounding keys copied to the device. The key tensors stay
-// int64 CPU tensors on every device: read here, advanced on the host by finish().
+// int64 CPU tensors on every device: read here, advanced on the host by finish(); the element
+// offsets, with stochastic rounding, copied to the device too.
 class CompactCall {
  public:
   CompactCall(const char* op, const UpdatedParams& params, at::TensorList first, const CompactInputs& in,
               at::Device device)
-      : args_(compact_args(op, params, first, in.absmaxes, in.keys, in.stochastic_state, in.stochastic_params)) {
+      : args_(compact_args(op, params, first, in.absmaxes, in.keys, in.stochastic_state, in.stochastic_params,
+                           in.element_offsets)) {
     if (args_.format == StateFormat::k8bit) absmaxes_ = pointers(in.absmaxes);
     if (args_.stochastic()) {
-      at::Tensor host = at::empty({static_cast<int64_t>(args_.key_values.size())}, at::kLong);
-      std::copy(args_.key_values.begin(), args_.key_values.end(), host.data_ptr<int64_t>());
-      keys_ = host.to(device);
+      keys_ = on_device(args_.key_values, device);
+      if (!args_.offsets.empty()) offsets_ = on_device(args_.offsets, device);
     }
   }
 
@@ -194,6 +201,7 @@ class CompactCall {
   void* absmax(int slot, int64_t n, int64_t t) const { return absmaxes_.empty() ? nullptr : absmaxes_[slot * n + t]; }
   void set(cuda::DeviceScalars& s) const {
     s.rounding_keys = keys_.defined() ? keys_.data_ptr<int64_t>() : nullptr;
+    s.element_offsets = offsets_.defined() ? offsets_.data_ptr<int64_t>() : nullptr;
     s.stochastic_state = args_.stochastic_state;
   }
   // After the launches: every key advanced by one, unless found_inf skipped the step (read on the
@@ -205,9 +213,16 @@ class CompactCall {
   }
 
  private:
+  // The host values as an int64 tensor on the device.
+  static at::Tensor on_device(const std::vector<int64_t>& values, at::Device device) {
+    at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::kLong);
+    std::copy(values.begin(), values.end(), host.data_ptr<int64_t>());
+    return host.to(device);
+  }
+
   CompactArgs args_;
   std::vector<void*> absmaxes_;
-  at::Tensor keys_;
+  at::Tensor keys_, offsets_;
 };
 
 // The SGD family: per-tensor first-step flags split the tensors into two launches. The layer-wise
@@ -223,7 +238,7 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   const CompactCall call(op, updated, bufs, compact, device);
   if (args.momentum != 0.0) {
     check_state_list(op, "momentum_buffers", updated, bufs, call.args(), 0);
@@ -357,7 +372,7 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   check_mutable(op, "memories", updated.values(), memories);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   const auto stream = c10::cuda::getCurrentCUDAStream();
@@ -379,14 +394,16 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
 void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               bool bias_correction, double div_scale, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                const OptTensor& found_inf, const CompactInputs& compact) {
   const char* op = "adam_";
   if (params.empty()) return;
+  TORCH_CHECK(std::isfinite(div_scale) && div_scale > 0.0, "fused_optim::adam_: div_scale must be a finite number > 0, "
+              "got ", div_scale);
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   const CompactCall call(op, updated, exp_avgs, compact, device);
   int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   slot = check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
@@ -407,6 +424,7 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   a.decoupled = decoupled;
   a.maximize = maximize;
   a.bias_correction = bias_correction;
+  a.div_scale = div_scale;
   const UpdateLists lists(op, updated, call.args());
   auto g = pointers(grads), m = pointers(exp_avgs), v = pointers(exp_avg_sqs), vmax = pointers(max_exp_avg_sqs);
   const auto sizes = sizes_of(params);
@@ -425,7 +443,7 @@ void lion_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   const CompactCall call(op, updated, exp_avgs, compact, device);
   check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
@@ -453,7 +471,7 @@ void adagrad_call(at::TensorList params, at::TensorList grads_in, at::TensorList
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   const CompactCall call(op, updated, sums, compact, device);
   check_state_list(op, "sums", updated, sums, call.args(), 0);
   auto step_ptrs = checked_steps(op, params, steps);
@@ -486,7 +504,7 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
-  const auto grads = checked_grads(op, params, grads_in);
+  const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
   const CompactCall call(op, updated, exp_avgs, compact, device);
   const int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
@@ -555,11 +573,11 @@ void sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                       const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                       double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
-                      bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                      bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                       const OptTensor& found_inf) {
   sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
            maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
-           stochastic_state, stochastic_params});
+           stochastic_state, stochastic_params, element_offsets});
 }
 
 void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -573,11 +591,11 @@ void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList m
 void sign_sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                            at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                            const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                            const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   sign_sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay,
                 nesterov, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state,
-                stochastic_params});
+                stochastic_params, element_offsets});
 }
 
 void lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -595,11 +613,11 @@ void lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
                        const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                        double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
                        bool always_adapt, const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
-                       bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                       bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                        const OptTensor& found_inf) {
   lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
-            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void colossal_lars_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -615,31 +633,31 @@ void colossal_lars_compact_cuda(at::TensorList params, at::TensorList grads, at:
                                 at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                                 const c10::List<bool>& first_step, double lr, double momentum, double eeta,
                                 double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
-                                bool sums_only, bool stochastic_state, bool stochastic_params,
+                                bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                                 const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
                      epsilon, lars, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
-                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-               bool bias_correction, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+               bool bias_correction, double div_scale, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                const OptTensor& found_inf) {
   adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf, {});
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, lr_tensor, grad_scale, found_inf, {});
 }
 
 void adam_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                        at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                        at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
                        double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-                       bool bias_correction, bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                       bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
                        const OptTensor& grad_scale, const OptTensor& found_inf) {
   adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, lr_tensor, grad_scale, found_inf,
-            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, lr_tensor, grad_scale, found_inf,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -657,12 +675,12 @@ void lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
                        at::TensorList rounding_keys, double lr, double beta1, double beta2, double eps,
                        double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                        double max_grad_norm, bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm,
-                       const OptTensor& norm_sums, bool sums_only, bool stochastic_state, bool stochastic_params,
+                       const OptTensor& norm_sums, bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
             norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
-            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void colossal_lamb_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -679,11 +697,11 @@ void colossal_lamb_compact_cuda(at::TensorList params, at::TensorList grads, at:
                                 at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                 double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                 const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
-                                bool stochastic_params, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                                bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                                 const OptTensor& found_inf) {
   colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
                      adam, bias_correction, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
-                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void lion_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList master_params,
@@ -695,10 +713,10 @@ void lion_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
 
 void lion_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                        at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
-                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params,
+                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lion_call(params, grads, exp_avgs, master_params, lr, beta1, beta2, weight_decay, lr_tensor, grad_scale, found_inf,
-            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 void adagrad_cuda(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
@@ -711,10 +729,10 @@ void adagrad_cuda(at::TensorList params, at::TensorList grads, at::TensorList su
 void adagrad_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
                           at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                           double lr, double lr_decay, double weight_decay, double eps, bool maximize,
-                          bool stochastic_state, bool stochastic_params, const OptTensor& lr_tensor,
+                          bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
                           const OptTensor& grad_scale, const OptTensor& found_inf) {
   adagrad_call(params, grads, sums, steps, master_params, lr, lr_decay, weight_decay, eps, maximize, lr_tensor,
-               grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params});
+               grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.

@@ -14,7 +14,7 @@
 //
 // Random bits (bf16 stochastic rounding): element i of stream k of a tensor whose rounding key is
 // `key` takes random_bits(seed_at(stream_seed(key, k), i), i), the CPU's and the reference's
-// bits. Stream 0 is the params, 1 + j the op's state list j. The keys reach the kernels as a
+// bits, i its index in the whole tensor (the element offset of a shard plus its local index). Stream 0 is the params, 1 + j the op's state list j. The keys reach the kernels as a
 // device array of the step's key values (DeviceScalars::rounding_keys, by the caller's tensor
 // index); the binding advances the int64 key tensors, which stay on the CPU, on the host.
 #pragma once
@@ -58,11 +58,13 @@ constexpr bool kQ8List = false;
 template <bool Signed>
 constexpr bool kQ8List<Q8Coded<Signed>> = true;
 
-// What a launch with coded lists needs besides its metadata: the rounding keys of the step (by the
-// caller's tensor index; nullptr without stochastic rounding), whether bf16 state rounds
-// stochastically, and the random stream of list 0 (list d uses first_stream + d).
+// What a launch with coded lists needs besides its metadata: the rounding keys of the step and the
+// tensors' element offsets (by the caller's tensor index; nullptr without stochastic rounding,
+// resp. all offsets 0), whether bf16 state rounds stochastically, and the random stream of list 0
+// (list d uses first_stream + d).
 struct Coding {
   const int64_t* keys = nullptr;
+  const int64_t* offsets = nullptr;
   bool stochastic_state = false;
   int first_stream = 0;
 };
@@ -74,10 +76,12 @@ constexpr int kPerLane = kQ8Block / 32;
 template <typename S>
 struct Coded;
 
-// bf16 moments (or params, stochastic): element i of the list `data`.
+// bf16 moments (or params, stochastic): element i of the list `data`, element offset + i of its
+// whole tensor (the index its random bits are drawn by).
 struct Bf16Elements {
   uint16_t* data;
   uint32_t seed;  // the list's stream seed (stochastic rounding)
+  int64_t offset;
   bool stochastic;
 
   __device__ float load(int64_t i) const { return bf16_value(data[i]); }
@@ -89,23 +93,24 @@ struct Bf16Elements {
     for (int e = 0; e < kPerLane; ++e) {
       const int64_t i = block + lane + 32 * e;
       if (i >= end) continue;
-      const auto low = static_cast<uint32_t>(i);
-      data[i] = static_cast<uint16_t>(stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, i), low))
-                                                 : bf16_nearest(v[e]));
+      const int64_t index = offset + i;
+      data[i] = static_cast<uint16_t>(
+          stochastic ? bf16_stochastic(v[e], random_bits(seed_at(seed, index), static_cast<uint32_t>(index)))
+                     : bf16_nearest(v[e]));
     }
   }
 };
 
 template <>
 struct Coded<Bf16Coded> : Bf16Elements {
-  __device__ Coded(void* data, float*, uint32_t seed, const Coding& c)
-      : Bf16Elements{static_cast<uint16_t*>(data), seed, c.stochastic_state} {}
+  __device__ Coded(void* data, float*, uint32_t seed, int64_t offset, const Coding& c)
+      : Bf16Elements{static_cast<uint16_t*>(data), seed, offset, c.stochastic_state} {}
 };
 
 template <>
 struct Coded<SrBf16> : Bf16Elements {
-  __device__ Coded(void* data, float*, uint32_t seed, const Coding&)
-      : Bf16Elements{static_cast<uint16_t*>(data), seed, true} {}
+  __device__ Coded(void* data, float*, uint32_t seed, int64_t offset, const Coding&)
+      : Bf16Elements{static_cast<uint16_t*>(data), seed, offset, true} {}
 };
 
 template <bool Signed>
@@ -113,7 +118,7 @@ struct Coded<Q8Coded<Signed>> {
   uint8_t* codes;
   float* absmax;  // one per block
 
-  __device__ Coded(void* data, float* absmax_, uint32_t, const Coding&)
+  __device__ Coded(void* data, float* absmax_, uint32_t, int64_t, const Coding&)
       : codes(static_cast<uint8_t*>(data)), absmax(absmax_) {}
 
   __device__ float load(int64_t i) const {

@@ -72,6 +72,8 @@ struct DeviceScalars {
   // Compact updates (compact_state.cuh): each tensor's rounding key of this step, by the caller's
   // tensor index (nullptr without stochastic rounding), and whether bf16 state rounds stochastically.
   const int64_t* rounding_keys = nullptr;
+  // Each tensor's element offset (compact_args.h; nullptr: all 0), by the caller's tensor index.
+  const int64_t* element_offsets = nullptr;
   bool stochastic_state = false;
 };
 
@@ -141,6 +143,7 @@ void sgd_launch(const UpdateDTypes& dtypes, SgdDirection direction, int64_t n, v
 struct AdamArgs {
   DeviceScalars s;
   double beta1 = 0.0, beta2 = 0.0, eps = 0.0, weight_decay = 0.0;
+  double div_scale = 1.0;  // ColossalAI's divisor of the grads in the update (not of those written back)
   bool decoupled = false, maximize = false, bias_correction = true;
 };
 

@@ -184,7 +184,7 @@ __device__ __forceinline__ float inv_scale_of(const DeviceScalars& s) {
 __device__ __forceinline__ double lr_of(const DeviceScalars& s) { return s.lr != nullptr ? *s.lr : s.lr_value; }
 // The coding of a launch's compact lists whose list 0 uses random stream first_stream (compact_state.cuh).
 __device__ __forceinline__ Coding coding_of(const DeviceScalars& s, int first_stream = 0) {
-  return {s.rounding_keys, s.stochastic_state, first_stream};
+  return {s.rounding_keys, s.element_offsets, s.stochastic_state, first_stream};
 }
 
 // The chunk a block works on: tensor slot, caller's tensor index, element range [begin, end).
@@ -369,7 +369,7 @@ template <typename S>
 struct Coded {
   S* data;
 
-  __device__ Coded(void* data_, float*, uint32_t, const Coding&) : data(static_cast<S*>(data_)) {}
+  __device__ Coded(void* data_, float*, uint32_t, int64_t, const Coding&) : data(static_cast<S*>(data_)) {}
   __device__ opmath_t<S> load(int64_t i) const { return to_opmath<S>(data[i]); }
   __device__ void store(const opmath_t<S> (&v)[kPerLane], int64_t block, int64_t end) const {
     const int lane = static_cast<int>(threadIdx.x % 32);
@@ -393,6 +393,7 @@ __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<
   constexpr int kLists = Types::size;
   constexpr int kQ8Base = Depth - Types::kQ8Lists;
   const int64_t key = coding.keys != nullptr ? coding.keys[chunk.tensor] : 0;
+  const int64_t offset = coding.offsets != nullptr ? coding.offsets[chunk.tensor] : 0;
   const auto open = [&](auto d) {
     constexpr int D = decltype(d)::value;
     using S = typename Types::template at<D>;
@@ -400,7 +401,7 @@ __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<
         kQ8List<S> ? static_cast<float*>(meta.addresses[kQ8Base + Types::template q8_before<D>()][chunk.slot])
                    : nullptr;
     const uint32_t seed = coding.keys != nullptr ? stream_seed(key, coding.first_stream + D) : 0u;
-    return Coded<S>(meta.addresses[D][chunk.slot], absmax, seed, coding);
+    return Coded<S>(meta.addresses[D][chunk.slot], absmax, seed, offset, coding);
   };
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t stride = static_cast<int64_t>(blockDim.x / 32) * kQ8Block;
@@ -435,7 +436,7 @@ __device__ __forceinline__ void for_each_coded_element(const TensorListMetadata<
       M v[kPerLane];
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) v[e] = x[e][0];
-      Coded<Model>(meta.addresses[kLists][chunk.slot], nullptr, 0u, coding).store(v, block, chunk.end);
+      Coded<Model>(meta.addresses[kLists][chunk.slot], nullptr, 0u, 0, coding).store(v, block, chunk.end);
     }
   }
 }

@@ -1,9 +1,11 @@
 // Argument checks shared by the CPU and CUDA implementations of every op (csrc/host: the host code
-// of both devices' ops, on ATen core; the torch-free math is csrc/shared). Tensors an op mutates
-// must be contiguous (we never update a copy) and on params[0]'s device; read-only inputs (grads)
-// may be anything dense and are made contiguous here.
+// of both devices' ops, on ATen core; the torch-free math is csrc/shared). Tensors an op updates
+// must be contiguous (we never update a copy) and on params[0]'s device; the grads, which an op
+// only reads or (a scaled step) overwrites with their unscaled values, may be anything dense and
+// are made contiguous here (ContiguousTensors: copies go back with copy_back()).
 #pragma once
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/MaybeOwned.h>
@@ -71,7 +73,9 @@ class ContiguousTensors {
 };
 
 // Checks the grads against their params (dtype, shape, device, dense) and returns them contiguous.
-inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at::TensorList grads) {
+// `written`: the update writes them back unscaled (a step given a grad_scale), so none may have
+// elements sharing memory (an expanded tensor): refused here, before anything is written.
+inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at::TensorList grads, bool written) {
   check_same_size(op, "grads", params, grads);
   for (size_t i = 0; i < grads.size(); ++i) {
     const auto& g = grads[i];
@@ -82,6 +86,9 @@ inline ContiguousTensors checked_grads(const char* op, at::TensorList params, at
                 "fused_optim::", op, ": grads[", i, "] (", g.scalar_type(), ", shape ", g.sizes(), ", ", g.device(),
                 ") does not match its param (", params[i].scalar_type(), ", shape ", params[i].sizes(), ", ",
                 params[i].device(), ")");
+    TORCH_CHECK(!written || at::has_internal_overlap(g) != at::MemOverlap::Yes, "fused_optim::", op, ": grads[", i,
+                "] has elements that share memory (an expanded tensor), and a step with a grad_scale writes the "
+                "unscaled grads back into it; give the param a grad of its own (p.grad = p.grad.clone())");
   }
   return ContiguousTensors(grads);
 }

@@ -17,14 +17,19 @@ namespace fused_optim {
 
 // What a compact op (<name>compact_) adds to its list op: the absmax tensors of its 8-bit state
 // lists (list-major: slot q of tensor t at q*n + t), the params' rounding keys (int64, one per
-// param, advanced by one per step) and which roundings are stochastic. A plain op has none.
+// param, advanced by one per step), which roundings are stochastic, and each param's element
+// offset: the index in its whole tensor of its first element, where the param is a contiguous
+// part (a shard) of one; stochastic rounding draws an element's bits by its index in the whole
+// tensor (state_codes.h), so a shard's bits are the unsharded tensor's. A plain op has none.
 struct CompactArgs {
   at::TensorList absmaxes, keys;
   bool stochastic_state = false, stochastic_params = false;
   StateFormat format = StateFormat::kPlain;
   std::vector<int64_t> key_values;  // read before the update
+  std::vector<int64_t> offsets;     // one per param, or none: every offset 0
 
   bool stochastic() const { return stochastic_state || stochastic_params; }
+  int64_t offset(size_t t) const { return offsets.empty() ? 0 : offsets[t]; }
 };
 
 // The format of a call's state lists (every compact list of a call has the same): that of the
@@ -78,8 +83,16 @@ inline int check_state_list(const char* op, const char* what, const UpdatedParam
 // keys read.
 inline CompactArgs compact_args(const char* op, const UpdatedParams& params, at::TensorList first,
                                 at::TensorList absmaxes, at::TensorList keys, bool stochastic_state,
-                                bool stochastic_params) {
-  CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params, StateFormat::kPlain, {}};
+                                bool stochastic_params, c10::IntArrayRef element_offsets) {
+  CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params, StateFormat::kPlain, {}, {}};
+  TORCH_CHECK(element_offsets.empty() || element_offsets.size() == params.model.size(), "fused_optim::", op,
+              ": element_offsets has ", element_offsets.size(), " entries for ", params.model.size(),
+              " params; give one per param (or none)");
+  for (size_t i = 0; i < element_offsets.size(); ++i) {
+    TORCH_CHECK(element_offsets[i] >= 0, "fused_optim::", op, ": element_offsets[", i, "] = ", element_offsets[i],
+                " is negative; it is the index of the param's first element in its whole tensor");
+  }
+  c.offsets.assign(element_offsets.begin(), element_offsets.end());
   const auto values = params.values();
   if (!first.empty()) c.format = format_of(first[0].scalar_type(), values[0].scalar_type());
   // bf16 state of bf16 params rounded stochastically: decoded and encoded like bf16 state of fp32

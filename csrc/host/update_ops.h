@@ -65,7 +65,7 @@ void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorL
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
               double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled,
-              bool maximize, bool bias_correction, const std::optional<at::Tensor>& lr_tensor,
+              bool maximize, bool bias_correction, double div_scale, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
@@ -90,34 +90,38 @@ void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList
                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                      const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                      double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
-                     bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
-                     const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+                     bool stochastic_params, c10::IntArrayRef element_offsets,
+                     const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                     const std::optional<at::Tensor>& found_inf);
 void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                           at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                           const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
-                          const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                          const std::optional<at::Tensor>& found_inf);
+                          c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                       const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                       double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
                       bool always_adapt, const std::optional<at::Tensor>& norm_sums, bool sums_only,
-                      bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
-                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+                      bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                      const std::optional<at::Tensor>& found_inf);
 void colossal_lars_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                                at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
                                double weight_decay, double epsilon, bool lars,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets,
+                               const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf);
 void adam_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                       at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
                       double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled,
-                      bool maximize, bool bias_correction, bool stochastic_state, bool stochastic_params,
+                      bool maximize, bool bias_correction, double div_scale, bool stochastic_state,
+                      bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf);
 void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -126,7 +130,7 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       double eps, double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                       double max_grad_norm, bool use_nvlamb, bool trust_clip,
                       const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
-                      bool sums_only, bool stochastic_state, bool stochastic_params,
+                      bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf);
 void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -134,18 +138,20 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets,
+                               const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf);
 void lion_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params,
-                      const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-                      const std::optional<at::Tensor>& found_inf);
+                      c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
 void adagrad_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
                          at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                          double lr, double lr_decay, double weight_decay, double eps, bool maximize,
-                         bool stochastic_state, bool stochastic_params, const std::optional<at::Tensor>& lr_tensor,
-                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf);
+                         bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                         const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                         const std::optional<at::Tensor>& found_inf);
 
 }  // namespace fused_optim

@@ -64,6 +64,24 @@ def test_div_scale_combines_with_grad_scalers_scale():
     _same(combined, plain)
 
 
+@pytest.mark.parametrize("cls", [fused_optim.CPUAdam, fused_optim.HybridAdam])
+def test_div_scale_leaves_the_grads_and_grad_scale_unscales_them(cls):
+    """ColossalAI's kernels divide a register copy of each grad by div_scale: ``p.grad`` is as it
+    was after ``step(div_scale=d)``. Under GradScaler too, div_scale is never taken out of the
+    grads written back: they end as g/s, what GradScaler's unscale_ makes of them (s = 2 and
+    d = 3 here: g·(1/2) is exact, and no division by 3 may show)."""
+    opt = cls(_params(), lr=0.01)
+    _run(opt, 1)  # (state made: the steps below take the plan's fast path)
+    grads = _grads(1, params_of(opt))
+    for p, g in zip(params_of(opt), grads):
+        p.grad = g.clone()
+    opt.step(div_scale=3)
+    assert all(torch.equal(p.grad, g) for p, g in zip(params_of(opt), grads))
+    opt.grad_scale, opt.found_inf = torch.tensor(2.0), torch.tensor(0.0)
+    opt.step(div_scale=3)
+    assert all(torch.equal(p.grad, g * 0.5) for p, g in zip(params_of(opt), grads))
+
+
 @pytest.mark.parametrize("bad", [0, -2, float("nan"), float("inf"), "8", None, True])
 def test_a_bad_div_scale_is_refused_and_changes_nothing(bad):
     opt = fused_optim.CPUAdam(_params(), lr=0.01)

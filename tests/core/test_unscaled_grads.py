@@ -84,6 +84,25 @@ def test_a_scaled_step_leaves_the_grads_unscaled(op, implementation, dtype, scal
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", list(SCALARS))
+def test_with_master_weights_the_16_bit_grads_are_unscaled(op, dtype, implementation):
+    """fp16 / bf16 params with fp32 masters: the op reads the 16-bit grads, updates the masters
+    and the fp32 state, writes the rounded params, and the unscaled 16-bit grads (on CUDA the
+    launch with a model list)."""
+    args, kwargs = sample_args(op, torch.float32, amp=True, sizes=(1, 33, 4097))
+    count = len(SPECS[op].state)
+    masters = [p.clone() for p in args[0]]
+    args = ([p.to(dtype) for p in args[0]], [g.to(dtype) for g in args[1]], *args[2:count + 1], masters,
+            *args[count + 2:])
+    kwargs["grad_scale"] = torch.tensor(3.0)
+    expected = torch_unscaled(args[1], 3.0)
+    run_op(op, implementation, args, kwargs)
+    assert all(torch.equal(g, e) for g, e in zip(args[1], expected))
+    assert all(torch.equal(p, m.to(dtype)) for p, m in zip(args[0], masters))  # (the masters were used)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("amp", [dict(), dict(grad_scale=1.0), dict(grad_scale=1024.0, found_inf=1.0)],
                          ids=["no-scaler", "scale-1", "overflow"])
 @pytest.mark.parametrize("op", list(SCALARS))
@@ -188,9 +207,9 @@ def test_torch_fused_adamw_leaves_the_grads_so_too():
         assert all(torch.equal(a, e) for a, e in zip(after, torch_unscaled(scaled, scale)))
 
 
-def test_bucket_steps_unscale_the_grads_and_bump_their_versions():
-    """The eager fast path (a bucket twin reading .grad) writes the grads back and marks them
-    modified, as the list op does through the dispatcher."""
+def test_an_eager_step_unscales_the_grads_and_bumps_their_versions():
+    """An optimizer's eager steady-state step (its bucket twin, which reads .grad itself;
+    tests/kernels/test_ops.py checks the twin op) writes the grads back and marks them modified."""
     p = torch.nn.Parameter(torch.randn(1000))
     opt = fused_optim.FusedAdam([p], lr=1e-3, fused=True)
     p.grad = torch.randn(1000)
@@ -202,3 +221,19 @@ def test_bucket_steps_unscale_the_grads_and_bump_their_versions():
     opt.step()
     assert opt.implementation == "fused"
     assert torch.equal(p.grad, expected) and p.grad._version > version
+
+
+@pytest.mark.parametrize("implementation", ["cpu", "emulated_cuda"])
+def test_a_grad_sharing_memory_is_refused_before_anything_is_written(implementation):
+    """An expanded grad cannot hold its unscaled values (its elements share memory): a scaled
+    step refuses it, naming it, with params, state and grads as they were; an unscaled step,
+    which only reads it, takes it."""
+    args, kwargs = sample_args("adam_", torch.float32, amp=True)
+    args[1][2] = torch.randn(1).expand(args[0][2].numel())
+    before = [[x.clone() for x in a] if isinstance(a, list) else a for a in args]
+    with pytest.raises(RuntimeError, match=r"grads\[2\] has elements that share memory .*p.grad = p.grad.clone"):
+        run_op("adam_", implementation, args, {**kwargs, "grad_scale": torch.tensor(8.0)})
+    for a, b in zip(args, before):
+        assert all(torch.equal(x, y) for x, y in zip(a, b) if isinstance(x, torch.Tensor))
+    run_op("adam_", implementation, args, {**kwargs, "grad_scale": None})
+    assert not torch.equal(args[0][2], before[0][2])

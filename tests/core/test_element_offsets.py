@@ -1,0 +1,87 @@
+"""Stochastic rounding of shards: the compact ops' ``element_offsets``.
+
+Stochastic rounding draws each element's 16 random bits by (the param's rounding key, the list's
+stream, the element's index). A param that is a contiguous part of a bigger tensor (a ``Shard(0)``
+DTensor's local tensor, fused_optim/sharding.py) passes the index of its first element in the
+whole tensor, so its elements draw the bits they have in the whole tensor: updating the pieces
+one by one, each with its offset, is updating the whole tensor, bit for bit (the elementwise ops;
+the layer-wise ones also need the whole tensors' norms, tests/distributed). Checked on the CPU
+kernels, the CUDA kernels (emulated; on a GPU under make check-gpu's ``-m cuda``) and the
+reference, for bf16 state rounded stochastically and for bf16 params rounded stochastically.
+"""
+
+import pytest
+import torch
+
+from fused_optim.specs import SPECS
+from test_state_dtype import _args, _clone
+from test_unscaled_grads import IMPLEMENTATIONS, run_op
+
+ELEMENTWISE = ["adam_", "sgd_", "sign_sgd_", "lion_", "adagrad_"]
+N = 70_300  # one tensor; its pieces start at offsets no multiple of a SIMD block, an 8-bit block or a CUDA chunk
+CUTS = (0, 1, 300, 70_001)
+
+
+def _whole(op: str, param_dtype, seed: int = 0) -> tuple:
+    """test_state_dtype's inputs (params, grads, moment lists, step lists, absmaxes, keys) for
+    one tensor of N elements, bf16 moments (adam_ without amsgrad)."""
+    g = torch.Generator().manual_seed(seed)
+    lists = []
+    for _, lst in SPECS[op].compact_lists():
+        if lst.when == "amsgrad":
+            lists.append([])
+            continue
+        values = torch.randn(N, generator=g) if lst.sample != "nonnegative" else torch.rand(N, generator=g) ** 4
+        lists.append([values.to(torch.bfloat16)])
+    steps = [[torch.tensor(3.0)]] if any(s.sample == "counter" for s in SPECS[op].state) else []
+    return ([torch.randn(N, generator=g).to(param_dtype)], [torch.randn(N, generator=g).to(param_dtype)], lists,
+            steps, [], [torch.tensor(12345678901)])
+
+
+def _pieces(whole: tuple) -> tuple:
+    """The same call over the pieces [CUTS[i], CUTS[i + 1]) of the tensor: views of its params
+    and moments (updated in place), a step counter and a rounding key of their own each."""
+    params, grads, lists, steps, _, keys = whole
+    bounds = [*CUTS, N]
+    cut = lambda x: [x[a:b] for a, b in zip(bounds, bounds[1:])]  # noqa: E731
+    k = len(CUTS)
+    return (cut(params[0]), cut(grads[0]), [cut(lst[0]) if lst else [] for lst in lists],
+            [[s[0].clone() for _ in range(k)] for s in steps], [], [keys[0].clone() for _ in range(k)])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("sr_state,sr_params", [(True, False), (False, True), (True, True)],
+                         ids=["srstate", "srparams", "both"])
+@pytest.mark.parametrize("op", ELEMENTWISE)
+def test_pieces_with_their_offsets_round_as_the_whole_tensor(op, sr_state, sr_params, implementation):
+    flags = dict(stochastic_state=sr_state, stochastic_params=sr_params)
+    whole = _whole(op, torch.bfloat16 if sr_params else torch.float32)
+    pieced = _clone(list(whole))
+    args, scalars = _args(op, whole)
+    run_op(SPECS[op].compact_name, implementation, args, {**scalars, **flags})
+    pieces = _pieces(pieced)
+    args, scalars = _args(op, pieces)
+    run_op(SPECS[op].compact_name, implementation, args, {**scalars, **flags, "element_offsets": list(CUTS)})
+    assert torch.equal(pieced[0][0], whole[0][0])  # the params: every piece a view of them
+    for lst, lst_whole in zip(pieced[2], whole[2]):
+        assert all(torch.equal(a, b) for a, b in zip(lst, lst_whole))  # the moments
+    assert all(int(k) == int(whole[5][0]) for k in pieces[5])  # each piece's key advanced once
+
+
+def test_without_offsets_a_piece_draws_other_bits():
+    """The premise: the offsets matter (a piece stepped as a tensor of its own rounds by its
+    local indices, other bits than its elements' in the whole tensor)."""
+    results = []
+    for offsets in ([0], [5]):
+        x = _whole("sgd_", torch.bfloat16)
+        args, scalars = _args("sgd_", x)
+        run_op("sgd_compact_", "cpu", args, {**scalars, "stochastic_params": True, "element_offsets": offsets})
+        results.append(x[0][0])
+    assert not torch.equal(*results)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_element_offsets_of_another_length_are_refused(implementation):
+    args, scalars = _args("adam_", _whole("adam_", torch.float32))
+    with pytest.raises((RuntimeError, ValueError), match="element_offsets has 2 entries for 1 params"):
+        run_op("adam_compact_", implementation, args, {**scalars, "stochastic_state": True, "element_offsets": [0, 9]})
