@@ -99,6 +99,16 @@ def to_group_format(p: Tensor, state: dict, group: dict, gi: int, i: int, keys: 
         state[state_formats.ROUNDING_KEY] = state_formats.initial_key(gi, i)
 
 
+def _rounding_flags(group: dict, p: Tensor, state: dict, moments: list) -> dict:
+    """Which roundings of a compact bucket (first param ``p``, its ``state``; its non-empty moment
+    lists) are stochastic: bf16 moments under ``state_rounding="stochastic"``, bf16 params
+    without masters under ``stochastic_rounding``."""
+    return dict(stochastic_state=group.get("state_rounding") == "stochastic" and bool(moments)
+                and moments[0][0].dtype == torch.bfloat16,
+                stochastic_params=bool(group.get("stochastic_rounding"))
+                and state_like(p, state).dtype == torch.bfloat16 and "master_param" not in state)
+
+
 def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[dict], lists: tuple):
     """The compact twin's flags (with ``element_offsets`` for DTensor params rounded
     stochastically: :func:`.sharding.element_offset`) and its two extra lists (absmaxes of the
@@ -108,11 +118,7 @@ def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[
         if lists[k] and lists[k][0].dtype == torch.uint8:
             absmaxes += [st[state_formats.absmax_key(lst.state_key)] for st in states]
     moments = [lists[k] for k, _ in spec.compact_lists() if lists[k]]
-    half_values = state_like(params[0], states[0]).dtype == torch.bfloat16
-    flags = dict(stochastic_state=group.get("state_rounding") == "stochastic" and bool(moments)
-                 and moments[0][0].dtype == torch.bfloat16,
-                 stochastic_params=bool(group.get("stochastic_rounding")) and half_values
-                 and "master_param" not in states[0])
+    flags = _rounding_flags(group, params[0], states[0], moments)
     stochastic = flags["stochastic_state"] or flags["stochastic_params"]
     keys = [st[state_formats.ROUNDING_KEY] for st in states] if stochastic else []
     if stochastic and any(sharding.is_dtensor(p) for p in params):  # shards draw their whole tensors' bits

@@ -199,10 +199,7 @@ class OpSpec:
         found_inf = kwargs.get("found_inf")
         if found_inf is not None and bool(found_inf.item()):
             return
-        offsets = list(element_offsets) or [0] * len(params)
-        if len(offsets) != len(params):
-            raise ValueError(f"{self.compact_name}: element_offsets has {len(offsets)} entries for {len(params)} "
-                             "params; give one per param (or none)")
+        offsets = self._offsets(element_offsets, len(params))
         pending = self._decode_compact(state, params, absmaxes, keys, stochastic_state, offsets)
         run_params = [p.float() for p in params] if stochastic_params else params
 
@@ -224,6 +221,14 @@ class OpSpec:
         if stochastic_state or stochastic_params:
             for key in keys:
                 key.add_(1)
+
+    def _offsets(self, element_offsets, n: int) -> list[int]:
+        """Each param's element offset (none given: 0), checked as the kernels check them."""
+        offsets = list(element_offsets) or [0] * n
+        if len(offsets) != n or any(o < 0 for o in offsets):
+            raise ValueError(f"{self.compact_name}: element_offsets has {len(offsets)} entries for {n} params, "
+                             f"{sum(o < 0 for o in offsets)} negative; give one index >= 0 per param (or none)")
+        return offsets
 
     def _decode_compact(self, state: list[list], params: list, absmaxes: list, keys: list,
                         stochastic_state: bool, offsets: list[int]) -> dict:
