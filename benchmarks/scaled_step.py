@@ -21,7 +21,8 @@ params, grads read and state read and written, plus the grads written by the sca
 ours without the scale (the write-back's cost: ~ its extra bytes over the step's, where the step
 is bandwidth-bound).
 
-    python -m benchmarks.scaled_step [--optimizers adamw sgd] [--dtypes fp32 bf16] [--sizes 25M] [--threads 1 2] [--repeats 7]
+    python -m benchmarks.scaled_step [--optimizers adamw sgd] [--dtypes fp32 bf16] [--sizes 25M]
+                                     [--threads 1 2] [--repeats 7]
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ def bench(optimizer: str, dtype_name: str, label: str, shapes, threads: int, rep
     dtype = DTYPES[dtype_name]
     numel = sum(torch.Size(s).numel() for s in shapes)
     med, probe_gbs = probe_medians(lambda: steppers(optimizer, shapes, dtype), numel, threads, repeats, min_sample_s)
-    return [dict(optimizer=optimizer, dtype=dtype_name, params=label, threads=threads, bytes=step_bytes(optimizer, dtype, v),
-                 **probe_row(v, med[v], step_bytes(optimizer, dtype, v), numel, probe_gbs),
-                 vs_unscaled=med[v] / med["unscaled"])
-            for v in VARIANTS]
+    rows = []
+    for v in VARIANTS:
+        moved = step_bytes(optimizer, dtype, v)
+        rows.append(dict(optimizer=optimizer, dtype=dtype_name, params=label, threads=threads, bytes=moved,
+                         **probe_row(v, med[v], moved, numel, probe_gbs), vs_unscaled=med[v] / med["unscaled"]))
+    return rows
 
 
 def markdown(rows: list[dict], cpu: str = "") -> list[str]:

@@ -55,7 +55,8 @@ class FusedLAMB(_LambBase):
     ``use_nvlamb``; ``trust_clip`` is timm's option). ‖p‖ is taken before the update. Norms and
     trust ratios are computed inside the kernels: no host sync per tensor. Unlike the references
     the grads are not clipped in place (after a step with GradScaler's scale they hold the
-    unscaled grads, as torch's optimizers leave them; never the clipped ones). Step counters are per param (torch.optim's ``step`` state).
+    unscaled grads, as torch's optimizers leave them; never the clipped ones). Step counters
+    are per param (torch.optim's ``step`` state).
     Built by ``ZeroRedundancyOptimizer`` over one rank's partition of the params, G sums the
     squares of every rank's partition (one all-reduce over ZeRO's process group per step).
     The CPU kernel hands fp32/fp64 ``u`` from its moment pass to its update pass in scratch buffers

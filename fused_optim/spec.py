@@ -103,7 +103,8 @@ def _decoded_8bit(codes: list[Tensor], absmaxes: list[Tensor], signed: bool) -> 
     return decoded, [functools.partial(_store_8bit, t, absmax, signed) for t, absmax in zip(codes, absmaxes)]
 
 
-def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int, offsets: list[int]) -> tuple[list, list]:
+def _decoded_bf16(tensors: list[Tensor], keys: list[Tensor] | None, stream: int,
+                  offsets: list[int]) -> tuple[list, list]:
     """A list of bf16 state tensors as they are, and for each the function storing new values
     back (:func:`_store_bf16`): rounded to nearest even, or with ``keys`` stochastically, with
     the random bits of the kernels' ``stream`` for this list (tensor t's elements from index

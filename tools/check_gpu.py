@@ -10,12 +10,12 @@ the budget; a step the budget no longer reaches is reported NOT RUN):
    minimal extension's, then fused_optim's CPU and CUDA ops'); a crash here is the toolchain's.
 4. tests: ``pytest -m cuda -k "not refused" tests/emulation/test_cuda.py
    tests/emulation/test_compact_cuda.py tests/emulation/test_norm_sums_phases_cuda.py
-   tests/core/test_unscaled_grads.py``: the GPU
-   backend of the CUDA op tests (every op in four dtypes, multi-launch sizes, misaligned storage,
-   found_inf, master weights, every registered optimizer's trajectory vs the CPU kernels,
-   GradScaler and the unscaled grads it leaves, CUDA graph capture and replay of a step, the
-   layer-wise ops' two calls of a sharded step, ...); refusals: the same files' ``-k refused`` tests (bad arguments raise and write
-   nothing), apart, so that a crash in them cannot hide the others' results.
+   tests/core/test_unscaled_grads.py``: the GPU backend of the CUDA op tests (every op in four
+   dtypes, multi-launch sizes, misaligned storage, found_inf, master weights, every registered
+   optimizer's trajectory vs the CPU kernels, GradScaler and the unscaled grads it leaves, CUDA
+   graph capture and replay of a step, the layer-wise ops' two calls of a sharded step, ...);
+   refusals: the same files' ``-k refused`` tests (bad arguments raise and write nothing), apart,
+   so that a crash in them cannot hide the others' results.
 5. compile: ``torch.compile(fullgraph=True)`` of a FusedSGD and a FusedAdam step == eager.
 6. memcheck, racecheck: ``compute-sanitizer --tool memcheck|racecheck`` over one small step of every
    registered optimizer and one norm (``tools/gpu_steps.py one-step``); SKIPPED, saying so, where

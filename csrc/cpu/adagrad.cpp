@@ -16,7 +16,8 @@ namespace {
 // adagrad_ and its compact twin (compact_state.h): absmaxes and keys empty for adagrad_.
 void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList sums, at::TensorList steps,
                   at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr, double lr_decay,
-                  double weight_decay, double eps, bool maximize, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                  double weight_decay, double eps, bool maximize, bool stochastic_state, bool stochastic_params,
+                  c10::IntArrayRef element_offsets,
                   const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -24,7 +25,8 @@ void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList 
   if (amp.skip || model.empty()) return;
   const UpdatedParams params = checked_params("adagrad_", model, masters);
   const auto grads = checked_grads("adagrad_", params.model, grads_in, amp.unscale_grads);
-  const CompactArgs c = compact_args("adagrad_", params, sums, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
+  const CompactArgs c =
+      compact_args("adagrad_", params, sums, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
   check_state_list("adagrad_", "sums", params, sums, c, 0);
   check_steps("adagrad_", model, steps);
 
@@ -73,7 +75,8 @@ void adagrad_cpu(at::TensorList model, at::TensorList grads, at::TensorList sums
 void adagrad_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList sums, at::TensorList steps,
                          at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr,
                          double lr_decay, double weight_decay, double eps, bool maximize, bool stochastic_state,
-                         bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                         bool stochastic_params, c10::IntArrayRef element_offsets,
+                         const std::optional<at::Tensor>& lr_tensor,
                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   adagrad_impl(model, grads, sums, steps, masters, absmaxes, keys, lr, lr_decay, weight_decay, eps, maximize,
                stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);

@@ -20,7 +20,8 @@ namespace {
 void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
                at::TensorList keys, double lr, double beta1, double beta2, double eps, double weight_decay,
-               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, double div_scale, bool stochastic_state,
+               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, double div_scale,
+               bool stochastic_state,
                bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
                const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -95,7 +96,8 @@ void adam_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avg
               bool bias_correction, double div_scale, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, {}, {}, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, false, false, {}, lr_tensor, grad_scale,
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, false, false, {}, lr_tensor,
+            grad_scale,
             found_inf);
 }
 
@@ -103,11 +105,13 @@ void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
                       at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
                       at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr, double beta1,
                       double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-                      bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                      bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params,
+                      c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, absmaxes, keys, lr, beta1, beta2,
-            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, stochastic_state, stochastic_params, element_offsets,
+            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, stochastic_state,
+            stochastic_params, element_offsets,
             lr_tensor, grad_scale, found_inf);
 }
 

@@ -202,11 +202,13 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
 // keys empty but for the compact twins.
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
               at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
-              at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, Lamb& a, double lr,
+              at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+              Lamb& a, double lr,
               const NormSums& norm) {
   const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = checked_grads(op, params.model, grads_in, a.amp.unscale_grads && !norm.sums_only);
-  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
+  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params,
+                                     element_offsets);
   const int slot = check_state_list(op, "exp_avgs", params, exp_avgs, c, 0);
   check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   check_steps(op, model, steps);
@@ -262,7 +264,8 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
                         at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
                         double eps, double weight_decay, bool adam, bool bias_correction,
                         const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                        bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                        bool stochastic_params, c10::IntArrayRef element_offsets,
+                        const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("colossal_lamb_", norm_sums, sums_only, params);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -299,7 +302,8 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       const std::optional<at::Tensor>& found_inf) {
   lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
             eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
-            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale,
+            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor,
+            grad_scale,
             found_inf);
 }
 
@@ -319,7 +323,8 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                                at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets,
+                               const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
   colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,

@@ -51,7 +51,8 @@ void colossal_lars_impl(at::TensorList model, at::TensorList grads_in, at::Tenso
                         at::TensorList absmaxes, at::TensorList keys, const c10::List<bool>& first_step, double lr,
                         double momentum, double eeta, double weight_decay, double epsilon, bool lars,
                         const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                        bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                        bool stochastic_params, c10::IntArrayRef element_offsets,
+                        const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("colossal_lars_", norm_sums, sums_only, model);
   const AmpArgs amp = read_amp(grad_scale, found_inf);
@@ -87,7 +88,8 @@ void lars_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
                       double momentum, double dampening, double weight_decay, bool nesterov,
                       double trust_coefficient, double eps, bool trust_clip, bool always_adapt,
                       const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                      bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                      bool stochastic_params, c10::IntArrayRef element_offsets,
+                      const std::optional<at::Tensor>& lr_tensor,
                       const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, stochastic_state,
@@ -108,11 +110,13 @@ void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::T
                                const c10::List<bool>& first_step, double lr, double momentum, double eeta,
                                double weight_decay, double epsilon, bool lars,
                                const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                               bool stochastic_params, c10::IntArrayRef element_offsets,
+                               const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
   colossal_lars_impl(model, grads, bufs, masters, absmaxes, keys, first_step, lr, momentum, eeta, weight_decay,
-                     epsilon, lars, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale,
+                     epsilon, lars, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets,
+                     lr_tensor, grad_scale,
                      found_inf);
 }
 

@@ -60,7 +60,8 @@ void lion_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avg
 
 void lion_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs, at::TensorList masters,
                       at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
-                      double weight_decay, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                      double weight_decay, bool stochastic_state, bool stochastic_params,
+                      c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
   lion_impl(model, grads, exp_avgs, masters, absmaxes, keys, lr, beta1, beta2, weight_decay, stochastic_state,

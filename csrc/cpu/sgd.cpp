@@ -65,9 +65,11 @@ void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at
 
 SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
                  at::TensorList masters, const c10::List<bool>& first_step, double momentum, at::TensorList absmaxes,
-                 at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, bool written) {
+                 at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                 bool written) {
   SgdCall call{checked_params(op, model, masters), checked_grads(op, model, grads_in, written), {}};
-  call.compact = compact_args(op, call.params, bufs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
+  call.compact = compact_args(op, call.params, bufs, absmaxes, keys, stochastic_state, stochastic_params,
+                              element_offsets);
   if (momentum != 0.0) {
     check_state_list(op, "momentum_buffers", call.params, bufs, call.compact, 0);
     TORCH_CHECK(first_step.size() == model.size() || first_step.empty(), "fused_optim::", op,
@@ -150,7 +152,8 @@ void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList
                      at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                      const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                      double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
-                     bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                     bool stochastic_params, c10::IntArrayRef element_offsets,
+                     const std::optional<at::Tensor>& lr_tensor,
                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,
            first_step, lr, momentum, dampening, weight_decay, nesterov, maximize, wd_after_momentum, stochastic_state,
@@ -162,13 +165,15 @@ void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList mo
                   bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, {}, {}, first_step, lr,
-           momentum, dampening, weight_decay, nesterov, false, false, false, false, {}, lr_tensor, grad_scale, found_inf);
+           momentum, dampening, weight_decay, nesterov, false, false, false, false, {}, lr_tensor, grad_scale,
+           found_inf);
 }
 
 void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                           at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                           const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                          double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                          double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                          c10::IntArrayRef element_offsets,
                           const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) {
   sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,

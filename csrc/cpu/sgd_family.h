@@ -41,7 +41,8 @@ struct SgdCall {
 
 SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
                  at::TensorList masters, const c10::List<bool>& first_step, double momentum, at::TensorList absmaxes,
-                 at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, bool written);
+                 at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                 bool written);
 
 // The update, on inputs already checked by sgd_call (it advances the rounding keys).
 void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList momentum_buffers,

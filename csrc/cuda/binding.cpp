@@ -573,7 +573,8 @@ void sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLis
                       at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                       const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                       double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum, bool stochastic_state,
-                      bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                      bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                      const OptTensor& grad_scale,
                       const OptTensor& found_inf) {
   sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
            maximize, wd_after_momentum, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys,
@@ -591,7 +592,8 @@ void sign_sgd_cuda(at::TensorList params, at::TensorList grads, at::TensorList m
 void sign_sgd_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                            at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                            const c10::List<bool>& first_step, double lr, double momentum, double dampening,
-                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                           double weight_decay, bool nesterov, bool stochastic_state, bool stochastic_params,
+                           c10::IntArrayRef element_offsets,
                            const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   sign_sgd_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay,
                 nesterov, lr_tensor, grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state,
@@ -613,7 +615,8 @@ void lars_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
                        const c10::List<bool>& first_step, double lr, double momentum, double dampening,
                        double weight_decay, bool nesterov, double trust_coefficient, double eps, bool trust_clip,
                        bool always_adapt, const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
-                       bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                       bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                       const OptTensor& grad_scale,
                        const OptTensor& found_inf) {
   lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, dampening, weight_decay, nesterov,
             trust_coefficient, eps, trust_clip, always_adapt, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
@@ -633,7 +636,8 @@ void colossal_lars_compact_cuda(at::TensorList params, at::TensorList grads, at:
                                 at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                                 const c10::List<bool>& first_step, double lr, double momentum, double eeta,
                                 double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
-                                bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                                bool sums_only, bool stochastic_state, bool stochastic_params,
+                                c10::IntArrayRef element_offsets,
                                 const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   colossal_lars_call(params, grads, momentum_buffers, master_params, first_step, lr, momentum, eeta, weight_decay,
                      epsilon, lars, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
@@ -646,14 +650,16 @@ void adam_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                bool bias_correction, double div_scale, const OptTensor& lr_tensor, const OptTensor& grad_scale,
                const OptTensor& found_inf) {
   adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, lr_tensor, grad_scale, found_inf, {});
+            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, lr_tensor, grad_scale, found_inf,
+            {});
 }
 
 void adam_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                        at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
                        at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1, double beta2,
                        double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-                       bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                       bool bias_correction, double div_scale, bool stochastic_state, bool stochastic_params,
+                       c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
                        const OptTensor& grad_scale, const OptTensor& found_inf) {
   adam_call(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps,
             weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, lr_tensor, grad_scale, found_inf,
@@ -675,7 +681,8 @@ void lamb_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorLi
                        at::TensorList rounding_keys, double lr, double beta1, double beta2, double eps,
                        double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode,
                        double max_grad_norm, bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm,
-                       const OptTensor& norm_sums, bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                       const OptTensor& norm_sums, bool sums_only, bool stochastic_state, bool stochastic_params,
+                       c10::IntArrayRef element_offsets,
                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
@@ -697,7 +704,8 @@ void colossal_lamb_compact_cuda(at::TensorList params, at::TensorList grads, at:
                                 at::TensorList absmaxes, at::TensorList rounding_keys, double lr, double beta1,
                                 double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                                 const OptTensor& norm_sums, bool sums_only, bool stochastic_state,
-                                bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor, const OptTensor& grad_scale,
+                                bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                                const OptTensor& grad_scale,
                                 const OptTensor& found_inf) {
   colossal_lamb_call(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
                      adam, bias_correction, norm_sums, sums_only, lr_tensor, grad_scale, found_inf,
@@ -713,7 +721,8 @@ void lion_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_a
 
 void lion_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                        at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys, double lr,
-                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                       double beta1, double beta2, double weight_decay, bool stochastic_state, bool stochastic_params,
+                       c10::IntArrayRef element_offsets,
                        const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf) {
   lion_call(params, grads, exp_avgs, master_params, lr, beta1, beta2, weight_decay, lr_tensor, grad_scale, found_inf,
             CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
@@ -729,10 +738,12 @@ void adagrad_cuda(at::TensorList params, at::TensorList grads, at::TensorList su
 void adagrad_compact_cuda(at::TensorList params, at::TensorList grads, at::TensorList sums, at::TensorList steps,
                           at::TensorList master_params, at::TensorList absmaxes, at::TensorList rounding_keys,
                           double lr, double lr_decay, double weight_decay, double eps, bool maximize,
-                          bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                          bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+                          const OptTensor& lr_tensor,
                           const OptTensor& grad_scale, const OptTensor& found_inf) {
   adagrad_call(params, grads, sums, steps, master_params, lr, lr_decay, weight_decay, eps, maximize, lr_tensor,
-               grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets});
+               grad_scale, found_inf, CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params,
+               element_offsets});
 }
 
 // Σx² of every tensor (any floating dtypes, one CUDA device), in double, on the device.

@@ -12,10 +12,10 @@
 // kChunkSize, itself a multiple of 256, so every block is whole in one chunk (a tensor's last
 // block may be partial: its missing elements count as 0).
 //
-// Random bits (bf16 stochastic rounding): element i of stream k of a tensor whose rounding key is
-// `key` takes random_bits(seed_at(stream_seed(key, k), i), i), the CPU's and the reference's
-// bits, i its index in the whole tensor (the element offset of a shard plus its local index). Stream 0 is the params, 1 + j the op's state list j. The keys reach the kernels as a
-// device array of the step's key values (DeviceScalars::rounding_keys, by the caller's tensor
+// Random bits (bf16 stochastic rounding): element i of stream k of a tensor whose rounding key is `key` takes
+// random_bits(seed_at(stream_seed(key, k), i), i), the CPU's and the reference's bits, i its index in the whole tensor
+// (the element offset of a shard plus its local index). Stream 0 is the params, 1 + j the op's state list j. The keys
+// reach the kernels as a device array of the step's key values (DeviceScalars::rounding_keys, by the caller's tensor
 // index); the binding advances the int64 key tensors, which stay on the CPU, on the host.
 #pragma once
 
