@@ -21,6 +21,7 @@ from typing import Callable
 
 import torch
 
+import fused_optim
 from fused_optim import LARS, FusedAdam, FusedLAMB, FusedSGD, multi_tensor_l2norm
 
 # Bytes one pass of each update reads + writes per element, in units of the element size:
@@ -215,6 +216,12 @@ def probe_row(variant: str, seconds: float, moved: float, numel: int, probe_gbs:
     gbs = moved * numel / seconds / 1e9
     return dict(variant=variant, ms=seconds * 1e3, gb_per_s=gbs, fraction_of_probe=gbs / probe_gbs,
                 probe_gb_per_s=probe_gbs)
+
+
+def run_description(repeats: int) -> str:
+    """The line a CPU benchmark's table names its run by: the CPU (and its ISA), torch, the rounds."""
+    return (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {repeats} interleaved rounds, "
+            "medians.")
 
 
 def deepspeed_optimizer(module: str, name: str) -> tuple[type | None, str]:

@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, make_params, probe_medians, probe_row
+from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, make_params, probe_medians, probe_row, run_description
 
 BYTES = 20  # per element: read p, g and the state, write p and the state
 KW = {"lion": dict(lr=1e-4, betas=(0.9, 0.99), weight_decay=1e-2),
@@ -146,8 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             label, shapes = PARAM_LISTS[size]
             for threads in args.threads:
                 rows += bench(opt, label, shapes(), threads, args.repeats)
-    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
-           "medians.")
+    cpu = run_description(args.repeats)
     print("\n".join(markdown(rows, differences, notes, cpu)))
 
 

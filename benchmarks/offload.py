@@ -35,8 +35,7 @@ import argparse
 
 import torch
 
-import fused_optim
-from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, probe_medians, probe_row
+from benchmarks.common import PARAM_LISTS, deepspeed_optimizer, probe_medians, probe_row, run_description
 from fused_optim import FusedAdam
 
 KW = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)  # AdamW in all three
@@ -159,8 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             label, shapes = shapes_of(size, mode, memory, deepspeed)
             for threads in args.threads:
                 rows += bench(mode, label, shapes, threads, args.repeats, deepspeed)
-    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
-           "medians.")
+    cpu = run_description(args.repeats)
     print("\n".join(markdown(rows, deepspeed, note, cpu)))
 
 

@@ -24,8 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-import fused_optim
-from benchmarks.common import PARAM_LISTS, probe_medians, probe_row
+from benchmarks.common import PARAM_LISTS, probe_medians, probe_row, run_description
 from benchmarks.offload import TORCH, make_params, modes
 
 MODES = ("fp32", "fp32, bf16 state")
@@ -101,8 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         for mode in args.modes:
             for threads in args.threads:
                 rows += bench(mode, label, make(), threads, args.repeats)
-    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
-           "medians.")
+    cpu = run_description(args.repeats)
     print("\n".join(markdown(rows, cpu)))
 
 

@@ -32,7 +32,7 @@ import itertools
 import torch
 
 import fused_optim
-from benchmarks.common import PARAM_LISTS, make_params, probe_medians, probe_row
+from benchmarks.common import PARAM_LISTS, make_params, probe_medians, probe_row, run_description
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # (ours, torch's fused counterpart, hyperparameters, state tensors per param)
@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     for optimizer, dtype, size, threads in itertools.product(args.optimizers, args.dtypes, args.sizes, args.threads):
         label, shapes = PARAM_LISTS[size]
         rows += bench(optimizer, dtype, label, shapes(), threads, args.repeats)
-    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
-           "medians.")
+    cpu = run_description(args.repeats)
     print("\n".join(markdown(rows, cpu)))
 
 

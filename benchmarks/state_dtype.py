@@ -16,8 +16,7 @@ import argparse
 import importlib
 import torch
 
-import fused_optim
-from benchmarks.common import PARAM_LISTS, interleaved_medians
+from benchmarks.common import PARAM_LISTS, interleaved_medians, run_description
 from fused_optim import AdamW
 
 LISTS = ("25M", "100M")
@@ -117,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lists", nargs="+", default=list(LISTS), choices=LISTS)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
-    cpu = (f"CPU: {fused_optim.cpu_description()}, torch {torch.__version__}, {args.repeats} interleaved rounds, "
-           "medians.")
+    cpu = run_description(args.repeats)
     results = [bench(list_id, args.repeats) for list_id in args.lists]
     print("\n".join(markdown(results, cpu)))
 
