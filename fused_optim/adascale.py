@@ -23,6 +23,7 @@ from torch import Tensor
 from . import _build, _ops, sharding
 from . import gradient_stats_math as stats
 from .checks import positive_int
+from .gradient_stats_fsdp import UnshardedGradHooks, fsdp2_modules
 from .gradient_stats_math import Window
 from .gradient_stats_rows import SHARDED_PARAMS, SumRows, check_grad, refuse_unseen_grads
 from .norm import sum_squares_
@@ -68,13 +69,15 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
-                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
+                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None,
+                 module: torch.nn.Module | None = None):
         self._optimizer = optimizer
         self._grad_scaler = grad_scaler
-        self._rows = SumRows(self.param_groups)
-        if world_size is None:  # (the ranks of a DTensor's mesh hold one replica: see SumRows)
-            world_size = 1 if self._rows.sharded else (
-                dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
+        self._module = None if module is None else weakref.ref(module)  # (FSDP2's: see _hook)
+        self._rows = SumRows(self.param_groups, self._name)
+        if world_size is None:  # (the ranks of a DTensor's mesh hold one replica, unless FSDP2 shards it)
+            world_size = 1 if self._rows.sharded and not self._fsdp2_params(self._rows) >= set(self._rows.sharded) \
+                else (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
         self._world_size = self._checked_world_size(world_size)
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
@@ -104,19 +107,35 @@ class GradientStatistics(torch.optim.Optimizer):
         self._hook()
 
     # ---- hooks: per-micro-batch local norms --------------------------------------------------
+    def _fsdp2_params(self, rows: SumRows) -> set[int]:
+        """The indices of the DTensor params of ``rows`` that FSDP2 units of ``module`` manage."""
+        module = None if self._module is None else self._module()
+        if module is None or not rows.sharded:
+            return set()
+        managed = {id(p) for m in fsdp2_modules(module) for p in m.parameters()}
+        return {i for i in rows.sharded if id(rows.params[i]) in managed}
+
     def _hook(self) -> None:
         """Hooks on the params that require grad, adding to their rows of the sums: C++ hooks on
-        plain params where the kernels build, Python ones otherwise and on DTensor params."""
-        hooked = [(i, row, p) for i, (row, p) in enumerate(zip(self._rows.rows, self._rows.params)) if p.requires_grad]
-        plain = [(row, p) for _, row, p in hooked if not sharding.is_dtensor(p)]
+        plain params where the kernels build, Python ones otherwise and on DTensor params; FSDP2's
+        params are watched through the plain tensors it unshards them into (:mod:`.gradient_stats_fsdp`)."""
+        fsdp2 = self._fsdp2_params(self._rows)
+        hooked = [(i, row, p) for i, (row, p) in enumerate(zip(self._rows.rows, self._rows.params))
+                  if p.requires_grad and i not in fsdp2]
+        self._hooks = self._plain_hooks([(row, p) for _, row, p in hooked if not sharding.is_dtensor(p)])
+        self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
+                        for i, row, p in hooked if sharding.is_dtensor(p)]
+        if fsdp2:
+            self._hooks.append(UnshardedGradHooks(self._module(), self._rows.params,
+                                                  {i: self._rows.plain_row(i) for i in fsdp2}, self._on_grad))
+
+    def _plain_hooks(self, plain: list[tuple[int, Tensor]]) -> list:
+        """The hooks of the plain params of ``(row, param)`` pairs: C++ ones where the kernels build."""
         params, index = [p for _, p in plain], [row for row, _ in plain]
         if params and _native_hooks_work(params):
             positions = _ops.op("grad_norm_hooks")(params, index, self._local, self._counts)
-            self._hooks = [_NativeHook(p, pos) for p, pos in zip(params, positions)]
-        else:
-            self._hooks = [p.register_hook(functools.partial(self._on_grad, row)) for row, p in plain]
-        self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
-                        for i, row, p in hooked if sharding.is_dtensor(p)]
+            return [_NativeHook(p, pos) for p, pos in zip(params, positions)]
+        return [p.register_hook(functools.partial(self._on_grad, row)) for row, p in plain]
 
     def unhook(self) -> None:
         """Remove the gradient hooks (no backward pass is seen any more)."""
@@ -242,7 +261,8 @@ class GradientStatistics(torch.optim.Optimizer):
         """``world_size`` if it is a positive int that the params (of ``rows``, default this
         optimizer's) allow (DTensor params: 1, see :class:`.SumRows`)."""
         world_size = positive_int("world_size", world_size)
-        if world_size > 1 and (self._rows if rows is None else rows).sharded:
+        rows = self._rows if rows is None else rows
+        if world_size > 1 and not self._fsdp2_params(rows) >= set(rows.sharded):
             raise ValueError(f"{self._name}: world_size={world_size} pools the micro-batches of several ranks, but "
                              f"params are DTensors; {SHARDED_PARAMS}")
         return world_size
@@ -394,8 +414,8 @@ class GradientStatistics(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict) -> None:
         self._outside_window("add_param_group")
         self._optimizer.add_param_group(param_group)
-        rows = SumRows(self.param_groups)
         try:
+            rows = SumRows(self.param_groups, self._name)
             self._checked_world_size(self._world_size, rows)
         except ValueError:
             self._optimizer.param_groups.pop()
@@ -483,7 +503,7 @@ class GradientStatistics(torch.optim.Optimizer):
     def __getstate__(self) -> dict:
         """For ``copy.deepcopy`` and pickle: everything but the hooks (torch's ``Optimizer`` would
         give the inner optimizer's keys only, and no copy could be made)."""
-        return {**self.__dict__, "_hooks": []}
+        return {**self.__dict__, "_hooks": [], "_module": None}
 
     def __setstate__(self, state: dict) -> None:
         """The copy gets its own handle and hooks on its own params (which share its sums)."""
@@ -547,10 +567,14 @@ class AdaScale(GradientStatistics):
       are measured as their whole tensors: the hooks and the ``.grad`` sums take the local
       tensors, and at the window's end the shards' sums are added over the mesh dimensions that
       shard them, in one all-reduce per mesh dimension (:mod:`.gradient_stats_rows`). N is 1
-      there (the micro-batches come from accumulation). FSDP2 (``fully_shard``) is refused at the
-      first ``step()``: it reduce-scatters each backward's grads inside the backward pass and
-      sets ``.grad`` to their average over the ranks, so no hook sees a rank's micro-batch
-      gradient and the variance cannot be estimated; data parallelism is measured under DDP.
+      there (the micro-batches come from accumulation).
+    * FSDP2 (``fully_shard``) reduce-scatters each backward's grads inside the backward pass and
+      sets the shards' ``.grad`` to their average over the ranks; a rank's micro-batch gradient
+      exists only as the gradient of the plain tensor FSDP2 unshards a param into for the
+      forward. Given ``module=model``, the statistics hook those tensors (forward pre-hooks,
+      :mod:`.gradient_stats_fsdp`), pool their sums over the ranks as under DDP (N: the process
+      group's size), and sum ``.grad``'s over the shards: the same statistics as DDP's. Without
+      ``module``, FSDP2's params are refused at the first ``step()`` (no hook saw a backward).
     * No ``__del__``: the hooks go only with :meth:`unhook` (Lightning discards optimizer
       wrappers, and a ``__del__`` there would remove the live hooks).
 
@@ -558,7 +582,7 @@ class AdaScale(GradientStatistics):
 
     Args:
         optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
-        world_size: N (default: the process group's size, or 1; 1 for DTensor params).
+        world_size: N (default: the process group's size, or 1; 1 for DTensor params outside FSDP2).
         scale: S (default N·c).
         smoothing: β (default max(1 − N·c/1000, 0)).
         num_gradients_to_accumulate: c, backward passes per step.
@@ -570,6 +594,7 @@ class AdaScale(GradientStatistics):
         grad_scaler: the ``torch.amp.GradScaler``, needed only when the loop calls
             ``scaler.unscale_(optimizer)`` before ``scaler.step`` (e.g. to clip): the micro-batch
             norms were taken on scaled grads, and then only the scaler knows the scale.
+        module: the model, when FSDP2 (``fully_shard``) shards its params (built before this).
     """
 
     _name = "AdaScale"
@@ -578,12 +603,12 @@ class AdaScale(GradientStatistics):
     def __init__(self, optimizer: torch.optim.Optimizer, world_size: int | None = None, scale: float | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
                  debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None,
-                 global_gain: bool = False):
+                 global_gain: bool = False, module: torch.nn.Module | None = None):
         self._global_gain = global_gain
         self.scale_invariant_steps = 0.0
         self._applied_scale: float | None = None  # the scale of the last step's window (a short one's is smaller)
         super().__init__(optimizer, world_size, scale, smoothing, num_gradients_to_accumulate, is_scaled_loss,
-                         debias_ewma, grad_scaler)
+                         debias_ewma, grad_scaler, module)
 
     def gain(self, pg_idx: int | None = None, scale: float | None = None) -> float:
         """(var + sqr)/(var/S + sqr) of group ``pg_idx``, or with var and sqr summed over groups.

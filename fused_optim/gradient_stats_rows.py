@@ -15,11 +15,11 @@ collective here.
 
 Which sharded params can be measured (see :data:`SHARDED_PARAMS`): those whose grads pass through
 autograd to the param, one model replica held by the mesh's ranks (tensor parallelism, models
-computed on DTensors). FSDP2 (``fully_shard``) reduce-scatters each backward's grads inside the
-backward pass and sets the sharded params' ``.grad`` to the average over ranks; no hook of a
-param sees a rank's micro-batch gradient, and the per-rank norms that estimate the gradient
-variance exist nowhere (with one backward per step the average alone leaves no variance to
-estimate). It is refused at the first step (:func:`refuse_unseen_grads`).
+computed on DTensors), and FSDP2's (``fully_shard``), given the model: FSDP2 reduce-scatters each
+backward's grads inside the backward pass, and a rank's micro-batch gradient is seen only on the
+plain tensor FSDP2 unshards the param into (:mod:`.gradient_stats_fsdp`; those sums go to row
+class 0 and are pooled over the ranks like DDP's). Without the model no hook sees FSDP2's grads,
+and the first step refuses (:func:`refuse_unseen_grads`).
 """
 
 from __future__ import annotations
@@ -27,18 +27,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import sharding
+from . import fsdp1, sharding
 from .norm import grad_sum_squares_, sum_squares_
 
 SHARDED_PARAMS = (
     "the gradient statistics of DTensor params are measured where their gradients pass through "
     "autograd to the params (tensor parallelism: the ranks of the params' mesh hold one model replica, "
-    "world_size=1, and the micro-batches come from gradient accumulation, num_gradients_to_accumulate > 1). "
-    "FSDP2 (fully_shard) is not supported: it reduce-scatters each backward's gradients inside the backward "
-    "pass and sets the sharded params' .grad to their average over the ranks, so the per-rank micro-batch "
-    "gradients whose norms estimate the gradient variance are never seen; for data parallelism use DDP "
-    "(DistributedDataParallel) with plain params"
+    "world_size=1, and the micro-batches come from gradient accumulation, num_gradients_to_accumulate > 1), "
+    "or, for FSDP2 (fully_shard), on the plain tensors it unshards them into: pass the sharded model, "
+    "e.g. AdaScale(optimizer, module=model), built after fully_shard"
 )
+
+FSDP1_RULE = ("sums each rank's micro-batch gradient norms of whole tensors (in hooks on its params, which FSDP1's "
+              "backward on the flat params never reaches)")
+FSDP1_INSTEAD = ("shard the model with FSDP2 (torch.distributed.fsdp.fully_shard) and pass module=model, or use DDP "
+                 "(DistributedDataParallel)")
 
 
 def _shard_key(p: Tensor) -> tuple | None:
@@ -50,9 +53,11 @@ def _shard_key(p: Tensor) -> tuple | None:
 class SumRows:
     """The rows of the sums for ``param_groups`` (see the module docstring): ``rows[i]`` is the row
     of ``params[i]``; ``len(self)`` rows, ``classes`` per group; ``sharded``: the indices of the
-    DTensor params."""
+    DTensor params. FSDP1's params are refused (``who``: the optimizer, in the message)."""
 
-    def __init__(self, param_groups: list[dict]):
+    def __init__(self, param_groups: list[dict], who: str):
+        for gi, group in enumerate(param_groups):
+            fsdp1.check_whole_tensors(group["params"], gi, who, FSDP1_RULE, FSDP1_INSTEAD)
         pairs = [(gi, p) for gi, group in enumerate(param_groups) for p in group["params"]]
         first: dict[tuple, Tensor] = {}  # a param of each sharded class, for its mesh and placements
         for _, p in pairs:
@@ -68,6 +73,10 @@ class SumRows:
         unsharded = torch.empty(0)  # (all_reduce_rows reduces no row of a plain tensor)
         self._row_params = [unsharded if k == 0 else first[keys[k - 1]]
                             for _ in range(self.groups) for k in range(self.classes)]
+
+    def plain_row(self, i: int) -> int:
+        """The row of class 0 (whole tensors, pooled over ranks) of ``params[i]``'s group."""
+        return self.rows[i] - self.rows[i] % self.classes
 
     def __len__(self) -> int:
         return self.groups * self.classes

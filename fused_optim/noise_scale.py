@@ -37,14 +37,15 @@ class NoiseScale(GradientStatistics):
         optimizer: the optimizer to wrap (ours or torch's); its param_groups are shared.
         micro_batch_size: B_micro, samples per micro-batch (per rank and backward pass); b_simple
             is in samples.
-        world_size: N (default: the process group's size, or 1; 1 for DTensor params, see
-            :class:`~fused_optim.AdaScale` for sharded params and FSDP2).
+        world_size: N (default: the process group's size, or 1; 1 for DTensor params outside
+            FSDP2, see :class:`~fused_optim.AdaScale` for sharded params and FSDP2).
         smoothing: β.
         num_gradients_to_accumulate: c, backward passes per step (N·c ≥ 2 is needed).
         is_scaled_loss: whether each micro-batch loss was divided by c.
         debias_ewma: bias-corrected EWMA, or a plain mean for the first 1/(1 − β) windows.
         grad_scaler: the ``torch.amp.GradScaler``, needed only when the loop calls
             ``scaler.unscale_(optimizer)`` before ``scaler.step``.
+        module: the model, when FSDP2 (``fully_shard``) shards its params.
     """
 
     _name = "NoiseScale"
@@ -52,13 +53,14 @@ class NoiseScale(GradientStatistics):
 
     def __init__(self, optimizer: torch.optim.Optimizer, micro_batch_size: int = 1, world_size: int | None = None,
                  smoothing: float | None = None, num_gradients_to_accumulate: int = 1, is_scaled_loss: bool = True,
-                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None):
+                 debias_ewma: bool = True, grad_scaler: torch.amp.GradScaler | None = None,
+                 module: torch.nn.Module | None = None):
         if isinstance(optimizer, GradientStatistics):
             raise TypeError(f"NoiseScale: the optimizer is a {type(optimizer).__name__}, which measures the noise "
                             "scale already: read optimizer.noise_scale(micro_batch_size) instead of wrapping it")
         self.micro_batch_size = positive_int("micro_batch_size", micro_batch_size)
         super().__init__(optimizer, world_size, None, smoothing, num_gradients_to_accumulate, is_scaled_loss,
-                         debias_ewma, grad_scaler)
+                         debias_ewma, grad_scaler, module)
 
     @property
     def b_simple(self) -> float:

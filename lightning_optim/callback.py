@@ -27,8 +27,8 @@ class AdaScaleCallback(Callback):
     * AdaScale's accumulation count follows ``trainer.accumulate_grad_batches`` (also when a
       ``GradientAccumulationScheduler`` changes it) and its world size the trainer's data-parallel
       replicas (:func:`replicas`: under ``ModelParallelStrategy`` its ``data_parallel`` mesh
-      dimension; tensor-parallel params are measured whole, FSDP2 is refused with the reason, see
-      :class:`fused_optim.AdaScale`).
+      dimension; tensor-parallel and FSDP2 params are measured whole, the LightningModule passed as
+      ``module``, see :class:`fused_optim.AdaScale`).
     * τ (``scale_invariant_steps``, Σ gain over real updates; an AMP-skipped step adds nothing)
       drives the schedules: with ``follow_tau`` every ``interval="step"`` scheduler is stepped by
       this callback only, after each batch, until ``scheduler.last_epoch == ⌊τ⌋`` — so a schedule
@@ -115,7 +115,7 @@ class AdaScaleCallback(Callback):
                                "optimization wrap your optimizer in fused_optim.AdaScale yourself")
         inner = inner_optimizer(strategy.optimizers[0])
         strategy.optimizers = [as_adascale(strategy.optimizers[0], replicas(trainer), _accumulation(trainer),
-                                           **self.adascale_kwargs)]
+                                           module=pl_module, **self.adascale_kwargs)]
         self._wrapped = strategy.optimizers[0]
         self._step_hook = inner.register_step_post_hook(self._record_applied_lrs)
         self._lr_series = AppliedLrSeries(trainer, strategy.optimizers[0], inner)

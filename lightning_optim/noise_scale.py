@@ -81,7 +81,7 @@ class NoiseScaleCallback(Callback):
             try:
                 strategy.optimizers = [NoiseScale(inner, world_size=replicas(trainer),
                                                   num_gradients_to_accumulate=_accumulation(trainer),
-                                                  **self.noise_kwargs)]
+                                                  module=pl_module, **self.noise_kwargs)]
             except RuntimeError as err:
                 raise RuntimeError(f"{err}. In Lightning: Trainer(accumulate_grad_batches=4), or more "
                                    "devices") from None

@@ -61,6 +61,19 @@ def test_whole_tensor_rules_refuse_fsdp1_params_at_construction(ranks):
 
 
 @pytest.mark.slow
+def test_gradient_statistics_refuse_fsdp1_params_at_construction(ranks):
+    """AdaScale's and NoiseScale's hooks sit on the params, which FSDP1's backward (on the flat
+    params) never reaches: they would measure nothing, so they refuse, naming FSDP2 and DDP."""
+    for r, result in enumerate(ranks):
+        assert set(result["statistics_refused"]) == {f"{cls}/use_orig_params={u}" for cls in ("AdaScale", "NoiseScale")
+                                                     for u in (True, False)}
+        for case, message in result["statistics_refused"].items():
+            kind = "a param flattened" if case.endswith("True") else "a FlatParameter made"
+            assert message.startswith(f"{case.split('/')[0]}: param 0 of group 0 is {kind} by FSDP1"), message
+            assert "pass module=model, or use DDP" in message, f"rank {r}, {case}: {message}"
+
+
+@pytest.mark.slow
 def test_fsdp1_marks_its_params_as_fused_optim_fsdp1_reads_them(ranks):
     """If this fails, torch changed FSDP1's private marks: update fused_optim/fsdp1.py (which
     names them) and fused_optim/fallback.py's type check (a FlatParameter must stay a plain
@@ -84,3 +97,7 @@ def test_a_refused_group_leaves_the_optimizer_as_it_was():
         opt.add_param_group({"params": [flattened]})
     assert len(opt.param_groups) == 1
     fused_optim.FusedAdam([flattened], lr=0.1).add_param_group({"params": [torch.nn.Parameter(torch.ones(2))]})
+    stats = fused_optim.AdaScale(fused_optim.FusedSGD([torch.nn.Parameter(torch.ones(3))], lr=0.1), world_size=2)
+    with pytest.raises(ValueError, match="AdaScale: param 0 of group 1 is a param flattened by FSDP1"):
+        stats.add_param_group({"params": [flattened]})
+    assert len(stats.param_groups) == 1 and len(stats._rows) == 1

@@ -1,12 +1,16 @@
 r"""AdaScale's and NoiseScale's statistics from DTensor params (sharded over 2 gloo ranks, one model
-replica between them) equal those from the same params whole; FSDP2 and a world size above 1 are
-refused with the reason (tests/workers/sharded_stats_worker.py runs both ways in each rank).
+replica between them) equal those from the same params whole; under FSDP2 (given the model, each
+rank with its own micro-batches) they equal DDP's; FSDP2 without the model, FSDP2 over tensor
+parallelism and a world size above 1 for a replica are refused with the reason
+(tests/workers/sharded_stats_worker.py runs each pair in each rank).
 
-Tolerance. Both runs get bitwise equal gradients (the loss is elementwise in each param), so they
+Tolerance. Both runs get bitwise equal gradients (the loss is elementwise in each param; under
+FSDP2 and DDP each rank sums its micro-batches, and the sums are averaged over the ranks once,
+asserted below), so they
 differ only in the order the squares are added. A float64 sum of n non-negative terms (each a
 rounded square) in any order is within (n + 1)·u of the exact sum, relative (u = 2⁻⁵³), so the
 two runs' sums of a group differ by at most δ = 2(n + 1)·u relative, n counting every square of
-the window, the shard all-reduce and the fold of the rows. The gain and B_simple are monotone in
+the window (on every rank), the all-reduces and the fold of the rows. The gain and B_simple are monotone in
 each sum (var grows with the micro-batch sums and falls with the ``.grad`` sums, |G|² the other
 way, the EWMAs have positive weights, the clamps are monotone, gain = (V + Q)/(V/S + Q) rises
 with V and falls with Q, B_simple = ΣV'/ΣQ likewise while both are positive): the sharded value
@@ -55,32 +59,32 @@ def ranks(tmp_path_factory):
     return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-def sum_bound(worker) -> float:
+def sum_bound(worker, world: int) -> float:
     """δ: the relative bound between the two runs' sums of one group (see the module docstring):
-    every square of the window (ACCUM micro-batches, all params), plus the all-reduce over 2 ranks
-    and the fold of 2 rows per group."""
-    n = worker.ACCUM * sum(math.prod(shape) for shape, _, _ in worker.PARAMS) + 2 + 2
+    every square of the window (ACCUM micro-batches on each of ``world`` ranks, all params), plus
+    the all-reduces over 2 ranks and the fold of 2 rows per group."""
+    n = world * worker.ACCUM * sum(math.prod(shape) for shape, _, _ in worker.PARAMS) + 2 + 2
     return 2 * (n + 1) * U
 
 
-def replay(worker, records: list[dict], local_factor: float, total_factor: float) -> list[dict]:
-    """The averages after each window of ``records`` (the whole run's), its sums multiplied by the
-    factors: the math of a window-end's sums, as the optimizer runs it (N = 1, c = ACCUM, S = N·c,
-    the default β, bias-corrected EWMAs)."""
-    scale, beta = float(worker.ACCUM), max(1 - worker.ACCUM / 1000, 0.0)
+def replay(worker, records: list[dict], local_factor: float, total_factor: float, world: int) -> list[dict]:
+    """The averages after each window of ``records`` (the reference run's), its sums multiplied by
+    the factors: the math of a window-end's sums, as the optimizer runs it (N = ``world``,
+    c = ACCUM, S = N·c, the default β, bias-corrected EWMAs)."""
+    scale, beta = float(world * worker.ACCUM), max(1 - world * worker.ACCUM / 1000, 0.0)
     avg, out = stats.initial_averages(2), []
     for rec in records:
         window = Window([x * local_factor for x in rec["local"]], [x * total_factor for x in rec["total"]],
                         rec["passes"], scale, True)
-        avg = stats.averaged(avg, window, 1.0, 1.0, accum=worker.ACCUM, world_size=1, is_scaled_loss=True,
+        avg = stats.averaged(avg, window, 1.0, 1.0, accum=worker.ACCUM, world_size=world, is_scaled_loss=True,
                              beta=beta, debias=True)
         out.append(avg)
     return out
 
 
-def values(worker, avg: dict) -> dict:
+def values(worker, avg: dict, world: int) -> dict:
     """What the runs record, from the averages: the gains (total and per group), B_simple."""
-    scale = float(worker.ACCUM)
+    scale = float(world * worker.ACCUM)
     var, sqr = avg[stats.VAR], avg[stats.SQR]
     return {"gain": stats.gain(sum(var), sum(sqr), scale), "gains": [stats.gain(v, q, scale) for v, q in zip(var, sqr)],
             "b_simple": stats.noise_scale(avg, 4)}
@@ -91,31 +95,23 @@ def flat(record: dict, name: str) -> list[float]:
     return value if isinstance(value, list) else [value]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, keys", [("adascale", ("gain", "gains")), ("noise_scale", ("b_simple",))])
-def test_statistics_of_dtensor_params_equal_the_whole_params(ranks, worker, name, keys):
-    delta = sum_bound(worker)
-    run = ranks[0]["runs"][name]
-    assert run["implementation"] == "fused"
-    assert not run["warnings"], run["warnings"]  # no reference fallback, no per-param warning
-    sharded, whole = run["sharded"], run["whole"]
+def check_equal_statistics(worker, sharded: list[dict], whole: list[dict], keys: tuple, world: int, name: str):
+    """The sharded run's window sums within δ of the reference run's, its gains / B_simple inside
+    the replayed bounds, and its params within what the gains' difference explains."""
+    delta = sum_bound(worker, world)
     assert len(sharded) == len(whole) == worker.STEPS
-    # both ranks measured the same whole tensors
-    assert [{k: v for k, v in r.items() if k not in ("params", "before")} for r in ranks[1]["runs"][name]["sharded"]] \
-        == [{k: v for k, v in r.items() if k not in ("params", "before")} for r in sharded]
-
-    exact = replay(worker, whole, 1.0, 1.0)
-    low, high = replay(worker, whole, 1 - delta, 1 + delta), replay(worker, whole, 1 + delta, 1 - delta)
+    exact = replay(worker, whole, 1.0, 1.0, world)
+    low, high = replay(worker, whole, 1 - delta, 1 + delta, world), replay(worker, whole, 1 + delta, 1 - delta, world)
     for step, (s, w) in enumerate(zip(sharded, whole)):
         where = f"{name}, step {step}"
         assert s["passes"] == w["passes"] == worker.ACCUM, where
         for key in ("local", "total"):  # the window's sums of the whole tensors, per group
             for a, b in zip(s[key], w[key], strict=True):
                 assert abs(a - b) <= delta * b, f"{where}: {key} {a} vs {b}"
-        # the replay is the whole run's own arithmetic, and the averages stay positive (no cancellation)
-        assert {k: w[k] for k in keys} == {k: values(worker, exact[step])[k] for k in keys}, where
+        # the replay is the reference run's own arithmetic, and the averages stay positive (no cancellation)
+        assert {k: w[k] for k in keys} == {k: values(worker, exact[step], world)[k] for k in keys}, where
         assert all(v > 0 for k in (stats.VAR, stats.SQR, stats.NOISE_VAR, stats.NOISE_SQR) for v in exact[step][k])
-        lo, hi = values(worker, low[step]), values(worker, high[step])
+        lo, hi = values(worker, low[step], world), values(worker, high[step], world)
         for key in keys:
             for value, a, b in zip(flat(s, key), flat(lo, key), flat(hi, key), strict=True):
                 assert a * (1 - ULPS_AFTER_SUMS) <= value <= b * (1 + ULPS_AFTER_SUMS), f"{where}: {key} {value} " \
@@ -129,8 +125,50 @@ def test_statistics_of_dtensor_params_equal_the_whole_params(ranks, worker, name
     assert any(v > 1.5 for v in flat(sharded[-1], keys[0]))  # the statistics measured something
 
 
+def same_on_both_ranks(ranks: list[dict], runs) -> None:
+    """Both ranks measured the same whole tensors (``runs(rank's result)``: its records)."""
+    def strip(records):
+        return [{k: v for k, v in r.items() if k not in ("params", "before", "grads")} for r in records]
+    assert strip(runs(ranks[1])) == strip(runs(ranks[0]))
+
+
+KEYS = [("adascale", ("gain", "gains")), ("noise_scale", ("b_simple",))]
+
+
 @pytest.mark.slow
-def test_fsdp2_and_several_replicas_are_refused_with_the_reason(ranks):
+@pytest.mark.parametrize("name, keys", KEYS)
+def test_statistics_of_dtensor_params_equal_the_whole_params(ranks, worker, name, keys):
+    run = ranks[0]["runs"][name]
+    assert run["implementation"] == "fused"
+    assert not run["warnings"], run["warnings"]  # no reference fallback, no per-param warning
+    same_on_both_ranks(ranks, lambda result: result["runs"][name]["sharded"])
+    check_equal_statistics(worker, run["sharded"], run["whole"], keys, 1, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, keys", KEYS)
+def test_statistics_under_fsdp2_equal_ddps(ranks, worker, name, keys):
+    """FSDP2 with ``module=``: N = 2 ranks pooled, as DDP's; each rank's micro-batch norms are
+    taken on the tensors FSDP2 unshards, ``.grad``'s on the shards."""
+    run = ranks[0]["fsdp2"][name]
+    assert run["implementation"] == "fused" and run["world_size"] == 2
+    same_on_both_ranks(ranks, lambda result: result["fsdp2"][name]["sharded"])
+    for s, w in zip(run["sharded"], run["ddp"]):  # the premise of the tolerance
+        assert all(torch.equal(a, b) for a, b in zip(s["grads"], w["grads"], strict=True))
+    check_equal_statistics(worker, run["sharded"], run["ddp"], keys, 2, f"fsdp2 {name}")
+
+
+@pytest.mark.slow
+def test_fsdp2_over_tensor_parallelism_is_refused_at_the_first_forward(ranks):
+    for result in ranks:
+        assert result["fsdp2_over_tensor_parallel"] == (
+            "gradient statistics: param 0 (0.weight of a FSDPSequential) is a DTensor inside the forward: FSDP2 over "
+            "tensor parallelism is not supported (each rank's gradient is a shard of a tensor-parallel replica); "
+            "shard with fully_shard alone")
+
+
+@pytest.mark.slow
+def test_fsdp2_without_the_model_and_several_replicas_are_refused_with_the_reason(ranks):
     for result in ranks:
         refusals = result["refusals"]
         assert refusals["fsdp2"].startswith("RuntimeError: AdaScale.step: DTensor params have gradients, but no "
@@ -139,8 +177,8 @@ def test_fsdp2_and_several_replicas_are_refused_with_the_reason(ranks):
         assert refusals["no_accumulation"].startswith("RuntimeError: AdaScale needs world_size * "
                                                       "num_gradients_to_accumulate > 1")
         for message in refusals.values():
-            assert "FSDP2 (fully_shard) is not supported" in message
-            assert "use DDP (DistributedDataParallel) with plain params" in message
+            assert "for FSDP2 (fully_shard), on the plain tensors it unshards them into: pass the sharded " \
+                   "model, e.g. AdaScale(optimizer, module=model)" in message
 
 
 @pytest.mark.slow

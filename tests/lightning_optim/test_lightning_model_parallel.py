@@ -1,13 +1,14 @@
 """``AdaScaleCallback`` and ``NoiseScaleCallback`` under Lightning's ``ModelParallelStrategy`` on 2
 gloo CPU ranks: with tensor parallelism (one replica split over both ranks) the statistics and the
-params equal the same module trained unsharded on one device; with FSDP2 the callback refuses
-with the reason (tests/workers/lightning_model_parallel_worker.py; Lightning's popen launcher
-runs rank 1).
+params equal the same module trained unsharded on one device; data-parallel under FSDP2 they
+equal DDP's (tests/workers/lightning_model_parallel_worker.py; Lightning's popen launcher runs
+rank 1).
 
 Tolerance: float64. The tensor-parallel forward and backward add the layers' 8- and 16-term dot
 products in another order (two halves and an all-reduce), so each gradient element differs by
 ~17 ulps of its terms; the sums of squares then differ by ~1e-15 relative, the estimates var =
-a·L − b·T and |G|² = T − var/S by that times their cancellation (|G|² is ~1/100 of T where
+a·L − b·T and |G|² = T − var/S by that times their cancellation (FSDP2 against DDP: the same
+dot products, averaged over the ranks in another order: fewer ulps than that) (|G|² is ~1/100 of T where
 b_simple ≈ 160: a factor ~1e2), and 6 updates of SGD carry it into the params: ~1e-13 relative
 at most (of each tensor's largest element, for the params). 1e-10 leaves a margin of 1000 and is
 8 orders below what a shard's norm in place of the tensor's makes (tens of percent). A first
@@ -67,9 +68,17 @@ def test_tensor_parallel_statistics_equal_the_unsharded_run(results, run):
         torch.testing.assert_close(p, q, rtol=0.0, atol=RTOL * float(q.abs().max()), msg=lambda m: f"param {k}: {m}")
 
 
-def test_fsdp2_is_refused_with_the_reason(results):
-    for rank in results[:2]:
-        message = rank["fsdp2"]
-        assert message.startswith("AdaScale: world_size=2 pools the micro-batches of several ranks, but params are "
-                                  "DTensors"), message
-        assert "FSDP2 (fully_shard) is not supported" in message
+@pytest.mark.parametrize("run", ["adascale", "noise_scale"])
+def test_fsdp2_statistics_equal_ddps(results, run):
+    """Data-parallel over 2 ranks (N = 2): FSDP2's statistics, taken on the tensors it unshards
+    (the callbacks pass the LightningModule), equal DDP's."""
+    (fsdp0, fsdp1), (ddp0, ddp1) = ((r[parallel][run] for r in results[:2]) for parallel in ("fsdp2", "ddp"))
+    assert fsdp0["rows"] == fsdp1["rows"] and ddp0["rows"] == ddp1["rows"]  # each pooled both ranks' micro-batches
+    assert len(fsdp0["rows"]) == len(ddp0["rows"]) == 6
+    for step, (sharded, whole) in enumerate(zip(fsdp0["rows"], ddp0["rows"])):
+        assert sharded["world_size"] == whole["world_size"] == 2, step
+        for key in ("gain", "b_simple") if run == "adascale" else ("b_simple",):
+            assert sharded[key] == pytest.approx(whole[key], rel=RTOL), f"step {step}: {key}"
+    assert any(row["b_simple"] < 100 for row in fsdp0["rows"])  # the statistics measured something
+    for k, (p, q) in enumerate(zip(fsdp0["params"], ddp0["params"])):
+        torch.testing.assert_close(p, q, rtol=0.0, atol=RTOL * float(q.abs().max()), msg=lambda m: f"param {k}: {m}")

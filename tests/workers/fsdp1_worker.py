@@ -6,7 +6,8 @@ FSDP1 (``FullyShardedDataParallel``) with each registered optimizer, next to the
 Every rank trains on the same batch, so FSDP1's gradient reduction (the ranks' grads averaged:
 halved and summed on 2 ranks, exact) hands each rank the slice of the whole model's grads.
 Saved to OUT_DIR/rank<r>.pt: ``{"runs": {case: {"implementation", "warnings", "params":
-[(fsdp1, whole) per original param]}}, "refused": {case: message}, "marks": {use_orig_params:
+[(fsdp1, whole) per original param]}}, "refused": {case: message}, "statistics_refused": {AdaScale
+and NoiseScale case: message}, "marks": {use_orig_params:
 [(type name, _is_flat_param, _fsdp_flattened, is_fsdp1_param) per param the optimizer gets]}}``.
 """
 
@@ -64,7 +65,7 @@ def marks(use_orig_params: bool) -> list[tuple]:
 def main(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
-    result = {"runs": {}, "refused": {}, "marks": {}}
+    result = {"runs": {}, "refused": {}, "marks": {}, "statistics_refused": {}}
     for use_orig_params in (True, False):
         result["marks"][use_orig_params] = marks(use_orig_params)
         for name in fused_optim.list_optimizers():
@@ -76,6 +77,11 @@ def main(rank: int, world: int, out_dir: str) -> None:
                 fused_optim.create_optimizer(name, wrapped(mlp(), use_orig_params).parameters(), **kwargs)
             except ValueError as exc:
                 result["refused"][case] = str(exc)
+        for stats in (fused_optim.AdaScale, fused_optim.NoiseScale):  # (their hooks never see FSDP1's backward)
+            try:
+                stats(fused_optim.FusedSGD(wrapped(mlp(), use_orig_params).parameters(), lr=1e-2), world_size=world)
+            except ValueError as exc:
+                result["statistics_refused"][f"{stats.__name__}/use_orig_params={use_orig_params}"] = str(exc)
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     end_process_group()
 

@@ -5,10 +5,11 @@ MODE ``model_parallel``: rank 0 is this process; Lightning's popen launcher star
 re-running the same command. Under ``ModelParallelStrategy`` on 2 CPU ranks (gloo), the module's
 MLP is split by tensor parallelism (``parallelize_module``: column-wise then row-wise, the
 ranks hold one replica and see the same batches) and trained with ``AdaScaleCallback``, then with
-``NoiseScaleCallback``; then the MLP is sharded by FSDP2 over a ``data_parallel`` dimension of 2,
-which AdaScaleCallback refuses (the message is saved). MODE ``single``: the same two runs on one
-device, unsharded. Each writes ``OUT/<mode>-rank<r>.pt``: per run, the statistics read after each
-update and the params at the end (whole tensors).
+``NoiseScaleCallback``; then, data-parallel (each rank its half of the batches, N = 2), the MLP
+is sharded by FSDP2 over a ``data_parallel`` dimension of 2 and trained with both callbacks, and
+so is the MLP whole under DDP. MODE ``single``: the first two runs on one device, unsharded.
+Each writes ``OUT/<mode>-rank<r>.pt``: per run, the statistics read after each update and the
+params at the end (whole tensors).
 """
 
 from __future__ import annotations
@@ -73,13 +74,20 @@ def data() -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=MICRO)
 
 
+def strategy(parallel: str | None):
+    if parallel in (None, "ddp"):
+        return parallel or "auto"
+    sizes = {"data_parallel_size": 2, "tensor_parallel_size": 1} if parallel == "fsdp2" else {}
+    return ModelParallelStrategy(**sizes)
+
+
 def fit(parallel: str | None, callback: pl.Callback) -> dict:
-    strategy = "auto" if parallel is None else ModelParallelStrategy(
-        **({"data_parallel_size": 2, "tensor_parallel_size": 1} if parallel == "fsdp2" else {}))
     record = Record()
-    trainer = pl.Trainer(accelerator="cpu", devices=1 if parallel is None else 2, strategy=strategy,
+    trainer = pl.Trainer(accelerator="cpu", devices=1 if parallel is None else 2, strategy=strategy(parallel),
                          max_steps=UPDATES, accumulate_grad_batches=ACCUM, logger=False,
-                         use_distributed_sampler=False,  # (its DistributedSampler shuffles; one replica sees all)
+                         # data-parallel runs split the batches (in order: the loader does not shuffle; two
+                         # epochs make UPDATES); a tensor-parallel replica sees them all
+                         use_distributed_sampler=parallel in ("ddp", "fsdp2"),
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[callback, record])
     module = Module(parallel)
@@ -95,11 +103,10 @@ def main(out: Path, mode: str) -> None:
               "noise_scale": fit(parallel, lightning_optim.NoiseScaleCallback(micro_batch_size=MICRO))}
     rank = result["adascale"]["rank"]
     if mode == "model_parallel":
-        try:
-            fit("fsdp2", lightning_optim.AdaScaleCallback())
-            result["fsdp2"] = None
-        except ValueError as exc:
-            result["fsdp2"] = str(exc)
+        for parallel in ("fsdp2", "ddp"):
+            result[parallel] = {
+                "adascale": fit(parallel, lightning_optim.AdaScaleCallback()),
+                "noise_scale": fit(parallel, lightning_optim.NoiseScaleCallback(micro_batch_size=MICRO))}
     torch.save(result, out / f"{mode}-rank{rank}.pt")
 
 

@@ -13,10 +13,18 @@ run's (each window starts from equal params). Saved to OUT_DIR/rank<r>.pt:
 ``{"runs": {name: {"sharded": [record per step], "whole": [...], "warnings", "implementation"}},
 "refusals": {case: message}}``; a record holds the ended window's per-group sums, the gains or
 noise scale read before ``step()``, and the params before and after it.
+
+Then each rank trains the same params again, with its own micro-batches, twice: sharded by FSDP2
+(``fully_shard``, one unit per param group and the root, the statistics given ``module=``) and
+whole under DDP, N = WORLD ranks. The loss is elementwise again: each rank's micro-batch
+gradients are bitwise equal in both runs, and so are the averaged ``.grad`` (each rank sums its
+micro-batches, then the two sums are averaged once: see :func:`no_sync`). Saved under
+``"fsdp2"`` as ``{name: {"sharded": [...], "ddp": [...], "world_size", "implementation"}}``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 import warnings
@@ -112,8 +120,89 @@ def run(cls, mesh, **kwargs) -> dict:
             "implementation": runs["sharded"][1].implementation}
 
 
+class Terms(torch.nn.Module):
+    """Params whose loss term is Σ (p·x − y)² / ACCUM for a micro-batch of (x, y) per param."""
+
+    def __init__(self, init: list[torch.Tensor]):
+        super().__init__()
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(t.clone()) for t in init])
+
+    def forward(self, batch) -> torch.Tensor:
+        return sum(((p * x - y).square().sum() for p, (x, y) in zip(self.params, batch))) / ACCUM
+
+
+class Elementwise(torch.nn.Module):
+    """The params of PARAMS: each param group's but the last param in a child :class:`Terms`
+    (FSDP2 makes each child a unit), the last param on the root; ``forward(batch)`` is
+    :func:`loss` of the whole params."""
+
+    def __init__(self, init: list[torch.Tensor]):
+        super().__init__()
+        self.members = [[i for i, (_, _, g) in enumerate(PARAMS[:-1]) if g == k] for k in (0, 1)]
+        self.groups = torch.nn.ModuleList(Terms([init[i] for i in m]) for m in self.members)
+        self.last = Terms(init[-1:])
+
+    def ordered(self) -> list[torch.Tensor]:
+        """The params in PARAMS' order."""
+        at = {i: p for m, child in zip(self.members, self.groups) for i, p in zip(m, child.params)}
+        return [at[i] for i in range(len(PARAMS) - 1)] + [self.last.params[0]]
+
+    def forward(self, batch) -> torch.Tensor:
+        parts = [child([batch[i] for i in m]) for m, child in zip(self.members, self.groups)]
+        return sum(parts) + self.last(batch[-1:])
+
+
+def no_sync(model, last: bool):
+    """The gradients of a window's backward passes but the last accumulate on the rank (DDP's
+    ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``), so that both runs average the
+    same sums over the ranks once: their ``.grad`` are bitwise equal."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext() if last else model.no_sync()
+    model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+def fsdp2_vs_ddp(cls, mesh, rank: int, **kwargs) -> dict:
+    """``cls`` over FusedSGD stepped STEPS times on an :class:`Elementwise` sharded by FSDP2 and on
+    one under DDP, each rank with its own micro-batches; the DDP params are set to the FSDP2 ones
+    after each step (each window starts from equal params)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = [torch.randn(shape, generator=torch.Generator().manual_seed(7 + i), dtype=torch.float64)
+            for i, (shape, _, _) in enumerate(PARAMS)]
+    sharded, whole = Elementwise(init), Elementwise(init)
+    for child in sharded.groups:
+        fully_shard(child, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    models = {"sharded": sharded, "ddp": DistributedDataParallel(whole)}
+
+    def build(model: Elementwise, **extra):
+        groups = [{"params": [p for p, (_, _, g) in zip(model.ordered(), PARAMS) if g == k]} for k in (0, 1)]
+        return cls(fused_optim.FusedSGD(groups, lr=LR), num_gradients_to_accumulate=ACCUM, **kwargs, **extra)
+
+    opts = {"sharded": build(sharded, module=sharded), "ddp": build(whole)}
+    trace = {"sharded": [], "ddp": [], "world_size": opts["sharded"].world_size}
+    for step in range(STEPS):
+        for name, opt in opts.items():
+            params = sharded.ordered() if name == "sharded" else whole.ordered()
+            for micro in range(ACCUM):
+                with no_sync(models[name], last=micro == ACCUM - 1):
+                    models[name](data(step, 1000 * (rank + 1) + micro)).backward()
+            record = {**observe(opt), "before": whole_values(params), "grads": whole_values([p.grad for p in params])}
+            opt.step()
+            record["params"] = whole_values(params)
+            trace[name].append(record)
+            opt.zero_grad()
+        with torch.no_grad():  # the next window from equal params
+            for p, q in zip(whole.ordered(), trace["sharded"][-1]["params"]):
+                p.copy_(q)
+    return {**trace, "implementation": opts["sharded"].implementation}
+
+
 def fsdp2_step(mesh) -> None:
-    """AdaScale over an MLP under ``fully_shard``, accumulating 2 backward passes, then step()."""
+    """AdaScale over an MLP under ``fully_shard`` without ``module=``, accumulating 2 backward
+    passes, then step()."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -126,6 +215,21 @@ def fsdp2_step(mesh) -> None:
     for _ in range(2):
         model(torch.randn(8, 6)).square().mean().backward()
     opt.step()
+
+
+def fsdp2_over_tensor_parallel(world: int) -> None:
+    """AdaScale given a model that FSDP2 shards over a tensor-parallel one (a mesh of 1 × WORLD):
+    its unsharded params are still DTensors, refused at the first forward."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), num_gradients_to_accumulate=2, module=model)
+    model(torch.randn(4, 6)).sum().backward()
 
 
 def resume_unsharded(mesh, mid_window: bool) -> dict:
@@ -161,13 +265,20 @@ def main(rank: int, world: int, out_dir: str) -> None:
     mesh = init_device_mesh("cpu", (world,))
     result = {"runs": {"adascale": run(fused_optim.AdaScale, mesh),
                        "noise_scale": run(fused_optim.NoiseScale, mesh, micro_batch_size=4)},
-              "refusals": {}}
+              "refusals": {},
+              "fsdp2": {"adascale": fsdp2_vs_ddp(fused_optim.AdaScale, mesh, rank),
+                        "noise_scale": fsdp2_vs_ddp(fused_optim.NoiseScale, mesh, rank, micro_batch_size=4)}}
     result["resumed"] = resume_unsharded(mesh, mid_window=False)
     try:
         resume_unsharded(mesh, mid_window=True)
         result["resumed_mid_window"] = None
     except ValueError as exc:
         result["resumed_mid_window"] = str(exc)
+    try:
+        fsdp2_over_tensor_parallel(world)
+        result["fsdp2_over_tensor_parallel"] = None
+    except RuntimeError as exc:
+        result["fsdp2_over_tensor_parallel"] = str(exc)
     for case, thunk in refusals(mesh):
         try:
             thunk()
