@@ -385,6 +385,8 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             self._check_param(p, gi, i)
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
+            if not fused:
+                sharding.check_format(p, state, f"param {i} of group {gi}")
             by_kind.setdefault((layers.of(p), p.device, p.dtype, fused, sharding.is_dtensor(p)), []).append(i)
         # ids of params (a param listed twice is fresh twice, as in torch.optim); dynamo traces
         # id() of a tensor, not of a dict
@@ -416,7 +418,6 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         self._init_state(p, state, group)
         first = len(state) != len(made) or any(state[k] is not v for k, v in made.items())
         if compact or param_state.in_other_format(p, state, self._moments):
-            sharding.check_format(p, state_formats.target_dtype(group, torch.float32), f"param {i} of group {gi}")
             param_state.to_group_format(p, state, group, gi, i, self._moments)
         if new and state:  # as torch.optim: a param without state tensors has no entry
             self.state[p] = state

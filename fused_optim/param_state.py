@@ -25,7 +25,7 @@ import math
 import torch
 from torch import Tensor
 
-from . import sharding, state_formats
+from . import sharded_blocks, sharding, state_formats
 from ._ops import FUSED_DEVICE_TYPES
 from .spec import OpSpec
 
@@ -93,10 +93,23 @@ def to_group_format(p: Tensor, state: dict, group: dict, gi: int, i: int, keys: 
     made in another format: decoded and encoded) and gives it a rounding key when the group
     rounds stochastically (see fused_optim/state_formats.py)."""
     values = state_like(p, state).dtype
-    state_formats.convert_state(state, keys, state_formats.target_dtype(group, values))
+    if sharding.is_dtensor(p):  # (8-bit codes blocked per shard)
+        state_formats.convert_state(state, keys, state_formats.target_dtype(group, values),
+                                    sharded_blocks.encode_shards, sharded_blocks.decode_shards)
+        _record_layout(p, state, keys)
+    else:
+        state_formats.convert_state(state, keys, state_formats.target_dtype(group, values))
     stochastic = group.get("state_rounding") == "stochastic" or group.get("stochastic_rounding")
     if stochastic and state_formats.ROUNDING_KEY not in state:
         state[state_formats.ROUNDING_KEY] = state_formats.initial_key(gi, i)
+
+
+def _record_layout(p: Tensor, state: dict, keys: list[tuple[str, bool]]) -> None:
+    """Keeps ``state["block_layout"]`` with a DTensor param's 8-bit codes (:mod:`.sharded_blocks`)."""
+    if any(isinstance(state.get(key), Tensor) and state[key].dtype == torch.uint8 for key, _ in keys):
+        state.setdefault(sharded_blocks.LAYOUT_KEY, sharded_blocks.layout_of(p))
+    else:
+        state.pop(sharded_blocks.LAYOUT_KEY, None)
 
 
 def _rounding_flags(group: dict, p: Tensor, state: dict, moments: list) -> dict:
@@ -116,7 +129,9 @@ def compact_lists(spec: OpSpec, group: dict, params: list[Tensor], states: list[
     absmaxes = []
     for k, lst in spec.compact_lists():
         if lists[k] and lists[k][0].dtype == torch.uint8:
-            absmaxes += [st[state_formats.absmax_key(lst.state_key)] for st in states]
+            key = state_formats.absmax_key(lst.state_key)
+            absmaxes += [sharded_blocks.local_absmax(st[key], p) if sharding.is_dtensor(p) else st[key]
+                         for p, st in zip(params, states)]
     moments = [lists[k] for k, _ in spec.compact_lists() if lists[k]]
     flags = _rounding_flags(group, params[0], states[0], moments)
     stochastic = flags["stochastic_state"] or flags["stochastic_params"]
@@ -130,9 +145,9 @@ def expected_state(name: str, group: dict, p: Tensor, values: torch.dtype,
                    keys: list[tuple[str, bool]] | None) -> tuple[torch.dtype, torch.device]:
     """(dtype, device) the kernels need state tensor ``name`` of param ``p`` in: the group's
     format for a moment of a compact group (``keys``: its moments; None for a plain group), an
-    int64 CPU tensor for a rounding key (read on the host), fp32 for an 8-bit absmax, else the
-    values' dtype (``values``: the param's, or its master's)."""
-    if name == state_formats.ROUNDING_KEY:
+    int64 CPU tensor for a rounding key (read on the host) or a block layout, fp32 for an 8-bit
+    absmax, else the values' dtype (``values``: the param's, or its master's)."""
+    if name in (state_formats.ROUNDING_KEY, sharded_blocks.LAYOUT_KEY):
         return torch.int64, torch.device("cpu")
     if name.endswith("_absmax"):
         return torch.float32, p.device
@@ -155,10 +170,10 @@ def check_loaded(state_dict: dict, groups: list[dict], keys: list[tuple[str, boo
     (group index, position) and the key: a ``step`` that is not a finite non-negative number
     (a damaged checkpoint: the update would turn the params non-finite), or 8-bit codes of a
     moment (``keys``) of another size than the param (of ``groups``, the loading optimizer's) or
-    without an absmax of one element per block of 256, or 8-bit codes for a sharded (DTensor)
-    param: the absmax of a block of the whole tensor does not shard with it (a checkpoint of
-    unsharded params loaded into FSDP2's). Runs before anything is loaded, so a refused state dict
-    leaves the optimizer as it was."""
+    without an absmax of one element per block, or 8-bit codes blocked for another sharding than
+    the param's (:mod:`.sharded_blocks`: whole-tensor codes into a DTensor param, a shard's into
+    a plain one or a DTensor sharded otherwise). Runs before anything is loaded, so a refused
+    state dict leaves the optimizer as it was."""
     saved = state_dict["state"]
     for gi, group in enumerate(state_dict["param_groups"]):
         params = groups[gi]["params"] if gi < len(groups) else []
@@ -169,12 +184,13 @@ def check_loaded(state_dict: dict, groups: list[dict], keys: list[tuple[str, boo
             where = f"param {i} of group {gi}"
             if "step" in st:
                 _check_step(st["step"], where)
+            param = params[i] if i < len(params) else None
             for key, _ in keys:
                 codes = st.get(key)
                 if isinstance(codes, Tensor) and codes.dtype == torch.uint8:
-                    _check_unsharded(codes, params[i] if i < len(params) else None, key, where)
-                    _check_codes(codes, params[i].numel() if i < len(params) else codes.numel(), key, where)
-                    _check_absmax(st.get(state_formats.absmax_key(key)), codes, key, where)
+                    _check_sharding(codes, param, st, key, where)
+                    _check_codes(codes, codes.numel() if param is None else param.numel(), key, where)
+                    _check_absmax(st.get(state_formats.absmax_key(key)), codes, param, key, where)
 
 
 def _check_step(step, where: str) -> None:
@@ -190,12 +206,20 @@ def _check_step(step, where: str) -> None:
                          "restart its moments")
 
 
-def _check_unsharded(codes: Tensor, param: Tensor | None, key: str, where: str) -> None:
-    if sharding.is_dtensor(codes) or sharding.is_dtensor(param):
-        raise ValueError(f"the loaded state of {where} has 8-bit {key!r}, but the param is sharded (a DTensor): "
-                         "8-bit state cannot be loaded into sharded params (its per-block absmax does not shard "
-                         "with the param); load it into the unsharded model, or resume the sharded one from a "
-                         "checkpoint saved with state_dtype=torch.bfloat16 or None")
+def _check_sharding(codes: Tensor, param: Tensor | None, st: dict, key: str, where: str) -> None:
+    """8-bit codes go to a param sharded as when they were made (see :func:`check_loaded`)."""
+    if sharding.is_dtensor(param):
+        # (without a layout: codes of the whole tensor, which a full state dict's load distributes)
+        if not sharding.is_dtensor(codes) or sharded_blocks.LAYOUT_KEY not in st:
+            raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of the whole tensor, but the param is "
+                             "sharded (a DTensor), whose codes are blocked per shard; load it into the unsharded "
+                             "model, or resume the sharded one from a checkpoint saved with state_dtype="
+                             "torch.bfloat16 or None")
+        sharded_blocks.check_layout(st[sharded_blocks.LAYOUT_KEY], param, key, where)
+    elif sharding.is_dtensor(codes) or sharded_blocks.LAYOUT_KEY in st:
+        raise ValueError(f"the loaded state of {where} has 8-bit {key!r} saved from a sharded param (blocked per "
+                         "shard), but the param is a whole tensor; resume the sharded model on the mesh it was saved "
+                         "with, or from a checkpoint saved with state_dtype=torch.bfloat16 or None")
 
 
 def _check_codes(codes: Tensor, numel: int, key: str, where: str) -> None:
@@ -204,14 +228,17 @@ def _check_codes(codes: Tensor, numel: int, key: str, where: str) -> None:
                          f"{numel} elements: load the checkpoint into the params it was saved for")
 
 
-def _check_absmax(absmax, codes: Tensor, key: str, where: str) -> None:
-    expected = state_formats.blocks_of(codes.numel())
+def _check_absmax(absmax, codes: Tensor, param: Tensor | None, key: str, where: str) -> None:
+    sharded = sharding.is_dtensor(param)
+    expected = math.prod(sharded_blocks.layout_of(param)[:2].tolist()) if sharded else \
+        state_formats.blocks_of(codes.numel())
     name = state_formats.absmax_key(key)
     if not isinstance(absmax, Tensor) or absmax.numel() != expected:
         got = "none" if not isinstance(absmax, Tensor) else f"{absmax.numel()} elements"
+        per = "S×B: S shards of B blocks" if sharded else f"one per block of {state_formats.BLOCK}"
         raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of {codes.numel()} codes but {name!r} has "
-                         f"{got}; it needs {expected} (one per block of {state_formats.BLOCK}): load an intact "
-                         "checkpoint, or drop that param's state to restart its moments")
+                         f"{got}; it needs {expected} ({per}): load an intact checkpoint, or drop that param's "
+                         "state to restart its moments")
 
 
 def kept_as_saved(saved_state: dict) -> dict:
@@ -240,7 +267,8 @@ def restore_kept(state: dict, saved_groups: list[dict], groups: list[dict], kept
         for key, value in kept.get(pid, {}).items():
             if value.dtype == torch.uint8:
                 value = value.reshape(p.shape)
-            state[p][key] = value.to(device="cpu" if key == state_formats.ROUNDING_KEY else p.device)
+            on_host = key in (state_formats.ROUNDING_KEY, sharded_blocks.LAYOUT_KEY)
+            state[p][key] = value.to(device="cpu" if on_host else p.device)
 
 
 def group_formats(groups: list[dict]) -> list[dict]:

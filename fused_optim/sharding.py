@@ -78,13 +78,15 @@ def grad_mismatch(p: Tensor, g: Tensor) -> str | None:
             "redistribute the gradient to the param's placements (grad.redistribute(p.device_mesh, p.placements))")
 
 
-def check_format(p: Tensor, state_dtype: torch.dtype, where: str) -> None:
-    """Raises for 8-bit state of a DTensor param: its per-block absmax (one per 256 elements of
-    the whole tensor) has no placement that follows the param's shards."""
-    if state_dtype == torch.uint8 and is_dtensor(p):
-        raise ValueError(f"{where} is a DTensor: state_dtype='8bit' does not support sharded params yet (its "
-                         "per-block absmax does not shard with the param); use state_dtype=torch.bfloat16, or "
-                         "state_dtype=None for this param's group")
+def check_format(p: Tensor, state: dict, where: str) -> None:
+    """Raises for a DTensor param with 8-bit state that the kernels do not step: its codes are
+    blocked per shard (:mod:`.sharded_blocks`), and the reference implementation blocks whole
+    tensors."""
+    if is_dtensor(p) and any(isinstance(v, Tensor) and v.dtype == torch.uint8 for v in state.values()):
+        raise ValueError(f"{where} is a DTensor with state_dtype='8bit', whose codes are blocked per shard and "
+                         "stepped by the fused kernels only, which do not step this param (see the warning, or "
+                         "fused=False); use state_dtype=torch.bfloat16 for its group, or a device and dtype the "
+                         "kernels serve")
 
 
 def element_offset(p: Tensor) -> int:

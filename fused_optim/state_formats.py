@@ -232,20 +232,22 @@ def absmax_key(key: str) -> str:
     return f"{key}_absmax"
 
 
-def convert_state(state: dict, keys: list[tuple[str, bool]], dtype: torch.dtype) -> None:
+def convert_state(state: dict, keys: list[tuple[str, bool]], dtype: torch.dtype,
+                  encode=encode_8bit, decode=decode_8bit) -> None:
     """Brings the state tensors ``keys`` ((name, signed) pairs) of a param to ``dtype``: decoded
     from what they hold (values, bf16, or 8-bit with their ``<name>_absmax``) to fp32, encoded to
-    ``dtype`` (bf16 to nearest even); 8-bit state gets or loses its absmax tensor."""
+    ``dtype`` (bf16 to nearest even); 8-bit state gets or loses its absmax tensor. ``encode`` and
+    ``decode``: the 8-bit codec (a DTensor's: :mod:`.sharded_blocks`)."""
     for key, signed in keys:
         current = state.get(key)
         if current is None or current.dtype == dtype:
             continue
         if current.dtype == torch.uint8:
-            x = decode_8bit(current, state.pop(absmax_key(key)), signed)
+            x = decode(current, state.pop(absmax_key(key)), signed)
         else:
             x = current.float()
         if dtype == torch.uint8:
-            codes, absmax = encode_8bit(x, signed)
+            codes, absmax = encode(x, signed)
             state[key], state[absmax_key(key)] = codes.to(current.device), absmax.to(current.device)
         else:
             state[key] = x.to(dtype=dtype, device=current.device)

@@ -8,7 +8,9 @@ every step (the grads are made whole and distributed like their params, so both 
 numbers). Saved to OUT_DIR/rank<r>.pt, for the test to judge:
 ``{"runs": {case: {"implementation", "warnings", "params": [(sharded, whole) per param],
 "state": [(key, sharded, whole)]}}, "errors": {case: message}}`` (sharded tensors made whole
-with ``full_tensor()``; a case that raises is saved as its message).
+with ``full_tensor()``; a case that raises is saved as its message). 8-bit state, blocked per
+shard, is compared with each rank's shards stepped as plain params (``run_per_shard``, local
+tensors, ``"per_shard": True``), and, where every shard holds whole blocks, with the whole run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 import fused_optim
+from fused_optim import sharded_blocks
 from fused_optim.process_group import end_process_group, init_process_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fsdp2_mlp
@@ -67,11 +70,61 @@ def run(name: str, kwargs: dict, place, shapes=SHAPES, dtype=torch.float32) -> d
     for p, q in zip(whole, sharded):
         for key, value in opt_whole.state[p].items():
             other = opt_sharded.state[q][key]
-            if isinstance(value, torch.Tensor):
-                state.append((key, other.full_tensor() if isinstance(other, DTensor) else other, value,
-                              isinstance(other, DTensor) and other.placements == q.placements))
+            if isinstance(value, torch.Tensor):  # (8-bit absmax: [S, B], the whole tensor's blocks where aligned)
+                state.append((key, other.full_tensor().reshape(value.shape) if isinstance(other, DTensor) else other,
+                              value, isinstance(other, DTensor) and other.placements == q.placements))
     return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
             "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)], "state": state}
+
+
+def run_per_shard(name: str, kwargs: dict, place, shapes=SHAPES, then: dict | None = None) -> dict:
+    """``name`` stepped STEPS times on ``place(tensor)`` (DTensors) and on each rank's shards as
+    plain params of their own: 8-bit state is blocked per shard, so a shard steps as its elements
+    would as a whole tensor. Compared on this rank's local tensors (``per_shard``). ``then``:
+    group options both optimizers take halfway (the moments converted at the next step)."""
+    init = [place(t) for t in whole_tensors(0, shapes)]
+    grads = [[place(t) for t in whole_tensors(1 + k, shapes)] for k in range(STEPS)]
+    sharded = [torch.nn.Parameter(t.clone()) for t in init]
+    pieces = [torch.nn.Parameter(t.to_local().clone()) for t in init]
+    opt_sharded = fused_optim.create_optimizer(name, sharded, **kwargs)
+    opt_pieces = fused_optim.create_optimizer(name, pieces, **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(STEPS):
+            if k == STEPS // 2 and then:
+                for opt in (opt_pieces, opt_sharded):
+                    opt.param_groups[0].update(then)
+            for p, q, g in zip(pieces, sharded, grads[k]):
+                p.grad = g.to_local().clone()
+                q.grad = g.clone()
+            opt_pieces.step()
+            opt_sharded.step()
+    state = []
+    for p, q in zip(pieces, sharded):
+        for key, value in opt_pieces.state[p].items():
+            other = opt_sharded.state[q][key]
+            if key.endswith("_absmax"):  # this shard's blocks of the [S, B] (see fused_optim/sharded_blocks.py)
+                state.append((key, sharded_blocks.local_absmax(other, q), value, True))
+            elif isinstance(value, torch.Tensor):
+                state.append((key, other.to_local() if isinstance(other, DTensor) else other, value,
+                              isinstance(other, DTensor) and other.placements == q.placements))
+    return {"implementation": opt_sharded.implementation, "warnings": [str(w.message) for w in caught],
+            "params": [(q.to_local().detach(), p.detach()) for p, q in zip(pieces, sharded)], "state": state,
+            "per_shard": True, "keys": [(sorted(opt_sharded.state[q]), sorted(opt_pieces.state[p]))
+                                        for p, q in zip(pieces, sharded)]}
+
+
+def load_8bit_into(mesh, placement) -> None:
+    """The state dict of 8-bit FusedAdam over a (4, 256) param sharded ``Shard(0)`` (2 or 4 shards of
+    whole blocks), loaded by one whose param is placed ``placement`` (None: whole) — refused where
+    that is another sharding, even one with as many shards and blocks."""
+    t = whole_tensors(0, [(4, 256)])[0]
+    saved = torch.nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)]))
+    opt = fused_optim.FusedAdam([saved], lr=1e-2, state_dtype="8bit")
+    saved.grad = distribute_tensor(t.clone(), mesh, [Shard(0)])
+    opt.step()
+    other = torch.nn.Parameter(t.clone() if placement is None else distribute_tensor(t.clone(), mesh, [placement]))
+    fused_optim.FusedAdam([other], lr=1e-2, state_dtype="8bit").load_state_dict(opt.state_dict())
 
 
 def train_side_by_side(name: str, kwargs: dict, whole: torch.nn.Module, wrapped: torch.nn.Module, steps: int):
@@ -120,12 +173,26 @@ def cases(world: int):
     yield "fused_adam/state_bf16", lambda: run("fused_adam", dict(lr=1e-2, state_dtype=torch.bfloat16), shard0)
     yield "lars/state_bf16", lambda: run("lars", dict(lr=1e-2, momentum=0.9, weight_decay=1e-2,
                                                       state_dtype=torch.bfloat16), shard0)
-    yield "fused_adam/state_8bit", lambda: run("fused_adam", dict(lr=1e-2, state_dtype="8bit"), shard0)
+    eight_bit = dict(lr=1e-2, state_dtype="8bit")
+    yield "fused_adam/state_8bit", lambda: run_per_shard("fused_adam", eight_bit, shard0)
+    yield "fused_adam/state_8bit/Shard(-1)", lambda: run_per_shard("fused_adam", eight_bit, shard1)
+    yield "fused_adam/state_8bit_then_bf16", lambda: run_per_shard("fused_adam", eight_bit, shard0,
+                                                                   then=dict(state_dtype=torch.bfloat16))
+    yield "fused_adam/state_bf16_then_8bit", lambda: run_per_shard("fused_adam", dict(lr=1e-2, state_dtype="bfloat16"),
+                                                                   shard0, then=dict(state_dtype="8bit"))
+    yield "fused_sgd/state_8bit", lambda: run_per_shard("fused_sgd", dict(eight_bit, momentum=0.9), shard0)
+    # shards of whole blocks (each a multiple of 256 elements): the blocks of the whole tensors
+    yield "fused_adam/state_8bit/aligned", lambda: run("fused_adam", eight_bit, shard0, shapes=[(8, 256), (1024,)])
+    yield "fused_adam/state_8bit/load_as_Shard(1)", lambda: load_8bit_into(mesh, Shard(1))
+    yield "fused_adam/state_8bit/load_whole", lambda: load_8bit_into(mesh, None)
+    yield "fused_adam/state_8bit/fused=False", lambda: run_per_shard("fused_adam", dict(eight_bit, fused=False),
+                                                                     shard0)
     yield "sparsified_sgd/Shard(0)", lambda: run("sparsified_sgd", dict(lr=1e-2), shard0)
     if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
         mesh2 = init_device_mesh("cpu", (2, 2))
         hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
         both = lambda t: distribute_tensor(t, mesh2, [Shard(0), Shard(t.dim() - 1)])  # noqa: E731
+        yield "fused_adam/state_8bit/2d-Replicate-Shard(0)", lambda: run_per_shard("fused_adam", eight_bit, hsdp)
         for name in ("adam", "lars", "fused_lamb"):
             kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
             yield f"{name}/2d-Replicate-Shard(0)", lambda name=name, kwargs=kwargs: run(name, kwargs, hsdp)
