@@ -159,28 +159,44 @@ def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum,
                 nesterov=False, direction="clamp", clamp=10.0)
 
 
-def sparse_indices(d: int, k: int, random_sparse: bool, generator=None) -> torch.Tensor:
+def sparse_indices(d: int, k: int, random_sparse: bool, generator=None, whole: int | None = None,
+                   offset: int = 0) -> torch.Tensor:
     """The flat indices of the k coordinates sparsified SGD sends from a tensor of d elements (the
     draws of csrc/host/sparse_indices.h): randperm(d)[:k], or the block [b·k, min(b·k + k, d))
-    with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing."""
+    with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing. A shard
+    of d elements at ``offset`` in a ``whole`` tensor: the whole tensor's draws in its range,
+    shifted to its own indices."""
+    n, d = d, d if whole is None else whole
     k = min(k, d)  # k >= d sends every coordinate
     if d == 0:
         return torch.empty(0, dtype=torch.long)  # nothing to send, nothing drawn
     if random_sparse:
-        return torch.randperm(d, generator=generator)[:k]
-    start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
-    return torch.arange(start, min(start + k, d))
+        index = torch.randperm(d, generator=generator)[:k]
+    else:
+        start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
+        index = torch.arange(start, min(start + k, d))
+    return index if whole is None else index[(index >= offset) & (index < offset + n)] - offset
 
 
 def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_size, random_sparse, generator=None,
-                    lr_tensor=None, grad_scale=None, found_inf=None) -> None:
-    """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws)."""
+                    whole_numels=(), element_offsets=(), lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+    """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws;
+    ``whole_numels``/``element_offsets``: params that are shards of those whole tensors)."""
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
     mul = lr * _grad_multiplier(grad_scale, False)
-    for p, g, memory in zip(params, grads, memories):
-        index = sparse_indices(p.numel(), sparse_grad_size, random_sparse, generator)
+    wholes = list(whole_numels) or [None] * len(params)
+    offsets = list(element_offsets) or [0] * len(params)
+    if not len(wholes) == len(offsets) == len(params):
+        raise ValueError(f"sparsified_sgd_: whole_numels and element_offsets need one entry per param, or none "
+                         f"({len(whole_numels)} and {len(element_offsets)} for {len(params)} params)")
+    for t, (p, whole, offset) in enumerate(zip(params, wholes, offsets)):  # (before anything is written)
+        if whole is not None and not 0 <= offset <= offset + p.numel() <= whole:
+            raise ValueError(f"sparsified_sgd_: param {t} of {p.numel()} elements at element_offsets {offset} does "
+                             f"not lie in its whole tensor of {whole}")
+    for p, g, memory, whole, offset in zip(params, grads, memories, wholes, offsets):
+        index = sparse_indices(p.numel(), sparse_grad_size, random_sparse, generator, whole, offset)
         memory.copy_(_opmath(memory) + mul * _opmath(g).to(_opmath(memory).dtype))
         x = _opmath(p)
         p.copy_(x - weight_decay * x)

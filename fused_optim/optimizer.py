@@ -386,7 +386,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             state = self._step_state(plan, p, group, gi, i, compact)
             fused = self._may_fuse(p, state, group, gi, i, kernels)
             if not fused:
-                sharding.check_format(p, state, f"param {i} of group {gi}")
+                self._check_unfused(p, state, f"param {i} of group {gi}")
             by_kind.setdefault((layers.of(p), p.device, p.dtype, fused, sharding.is_dtensor(p)), []).append(i)
         # ids of params (a param listed twice is fresh twice, as in torch.optim); dynamo traces
         # id() of a tensor, not of a dict
@@ -462,7 +462,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         name, flags = (self.op_name, {}) if bucket.compact is None else (self._spec.compact_name, bucket.compact)
         lists = (sharding.locals_of(bucket.params), sharding.locals_of(grads),
                  *(sharding.locals_of(lst) for lst in bucket.state), *bucket.per_step)
-        kwargs = dict(**amp, **scalars, **flags)
+        kwargs = {**amp, **scalars, **flags, **self._sharded_kwargs(bucket)}
         try:
             if "norm_sums" in scalars:
                 sharding.run_layerwise(_ops.op(name), lists, bucket.params, kwargs)
@@ -471,6 +471,15 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         except RuntimeError as exc:
             raise RuntimeError(in_group_terms(str(exc), [(gi, i) for i in bucket.index])) from exc
         return "fused"
+
+    def _check_unfused(self, p: Tensor, state: dict, where: str) -> None:
+        """Raises for a param that only the kernels can step, which do not take it here (8-bit
+        state of a DTensor: :func:`.sharding.check_format`)."""
+        sharding.check_format(p, state, where)
+
+    def _sharded_kwargs(self, bucket: Bucket) -> dict:
+        """The op's arguments that depend on a DTensor bucket's params (none here)."""
+        return {}
 
     def _run_compact(self, bucket: Bucket, grads: list[Tensor], gi: int, scalars: dict, amp: dict) -> str:
         """``_run`` for a compact bucket: the compact twin op (a list op, CPU or CUDA) or its reference."""

@@ -89,6 +89,13 @@ def check_format(p: Tensor, state: dict, where: str) -> None:
                          "kernels serve")
 
 
+def is_element_range(p: Tensor) -> bool:
+    """Whether DTensor ``p``'s local tensor is a contiguous range of its whole tensor: every
+    placement that shards it is ``Shard(0)`` (replicas beside)."""
+    shard = sys.modules["torch.distributed.tensor"].Shard
+    return all(type(pl) is shard and pl.dim == 0 for pl in p.placements if pl.is_shard())
+
+
 def element_offset(p: Tensor) -> int:
     """The index in DTensor ``p``'s whole tensor (row-major) of its local tensor's first element,
     where the local tensor is a contiguous range of the whole: every placement that shards it is
@@ -96,10 +103,7 @@ def element_offset(p: Tensor) -> int:
     that index plus its local one, so a shard rounds as the unsharded tensor does. 0 for a plain
     tensor, and for a shard of another dimension (its elements are no range of the whole: its
     bits are drawn by the local index, unbiased still, but not the unsharded tensor's)."""
-    if not is_dtensor(p):
-        return 0
-    shard = sys.modules["torch.distributed.tensor"].Shard
-    if not all(type(pl) is shard and pl.dim == 0 for pl in p.placements if pl.is_shard()):
+    if not is_dtensor(p) or not is_element_range(p):
         return 0
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # (DTensor's own rule)
 

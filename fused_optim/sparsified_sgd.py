@@ -37,7 +37,9 @@ class SparsifiedSGD(FusedOptimizer):
     reference needs (1, D)), the block choice covers every coordinate (the reference never sends
     the last D mod k), and the coordinates come from the optimizer's own ``torch.Generator``
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
-    same coordinates. Where the reference fails, a k larger than a param sends all of its
+    same coordinates. ``Shard(0)`` DTensor params (FSDP2's) step as their whole tensors: every rank
+    draws the whole tensor's coordinates (the generator's state is broadcast from rank 0 when the
+    optimizer is made) and each shard applies those it holds. Where the reference fails, a k larger than a param sends all of its
     coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
     biases may be smaller than k next to weights far larger, so an error would force a param group
     per tensor size; and an empty param sends nothing and draws nothing from the generator (the
@@ -70,6 +72,18 @@ class SparsifiedSGD(FusedOptimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, sparse_grad_size=sparse_grad_size,
                         random_sparse=random_sparse)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        self._share_generator()
+
+    def _share_generator(self) -> None:
+        """With DTensor params, every rank must draw the same coordinates: the generator's state
+        is broadcast from rank 0 (a collective: every rank makes the optimizer, as with FSDP2)."""
+        dtensors = [p for g in self.param_groups for p in g["params"] if sharding.is_dtensor(p)]
+        if dtensors:
+            import torch.distributed as dist
+
+            state = self.generator.get_state().to(dtensors[0].device)
+            dist.broadcast(state, src=0)
+            self.generator.set_state(state.cpu())
 
     def _validate(self, group: dict) -> None:
         check_lr(group["lr"])
@@ -79,13 +93,27 @@ class SparsifiedSGD(FusedOptimizer):
                     "need an int >= 1")
 
     def _check_param(self, p: torch.Tensor, gi: int, i: int) -> None:
-        """The base's checks, and a refusal of DTensor params: the k largest entries of a shard
-        are not those of the tensor (mlbench picks them per whole tensor)."""
+        """The base's checks, and a refusal of DTensor params whose shards are not contiguous
+        ranges of their whole tensors: the coordinates are drawn per whole tensor, and a shard
+        applies those in its range (``Shard(0)``, FSDP2's, only)."""
         super()._check_param(p, gi, i)
+        if sharding.is_dtensor(p) and not sharding.is_element_range(p):
+            raise RuntimeError(f"SparsifiedSGD: param {i} of group {gi} is a DTensor placed {list(p.placements)}: "
+                               "the coordinates it sends are drawn per whole tensor and applied by the shard that "
+                               "holds them, which needs shards that are ranges of the whole tensor (Shard(0), as "
+                               "FSDP2 places params); give it Shard(0) or plain (replicated) params")
+
+    def _check_unfused(self, p: torch.Tensor, state: dict, where: str) -> None:
+        super()._check_unfused(p, state, where)
         if sharding.is_dtensor(p):
-            raise RuntimeError(f"SparsifiedSGD: param {i} of group {gi} is a DTensor: the entries it sends are "
-                               "chosen per whole tensor, which a shard does not hold; step sharded params with "
-                               "another optimizer, or give SparsifiedSGD plain (replicated) params")
+            raise RuntimeError(f"SparsifiedSGD: {where} is a DTensor, whose shards the fused kernels step only (the "
+                               "reference draws per tensor it is given); use a device and dtype the kernels serve")
+
+    def _sharded_kwargs(self, bucket) -> dict:
+        """Each shard's whole tensor's size and its offset in it: the kernels draw the whole
+        tensor's coordinates and apply the shard's (csrc/host/sparse_indices.h)."""
+        return dict(whole_numels=[p.numel() for p in bucket.params],
+                    element_offsets=[sharding.element_offset(p) for p in bucket.params])
 
     def _init_state(self, p, state, group) -> None:
         if "memory" not in state:

@@ -1,4 +1,4 @@
-"""Stochastic rounding of shards: the compact ops' ``element_offsets``.
+"""Stochastic rounding of shards: the compact ops' ``element_offsets``; and SparsifiedSGD's shards.
 
 Stochastic rounding draws each element's 16 random bits by (the param's rounding key, the list's
 stream, the element's index). A param that is a contiguous part of a bigger tensor (a ``Shard(0)``
@@ -85,3 +85,39 @@ def test_element_offsets_of_another_length_are_refused(implementation):
     args, scalars = _args("adam_", _whole("adam_", torch.float32))
     with pytest.raises((RuntimeError, ValueError), match="element_offsets has 2 entries for 1 params"):
         run_op("adam_compact_", implementation, args, {**scalars, "stochastic_state": True, "element_offsets": [0, 9]})
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("random_sparse", [True, False], ids=["random", "block"])
+def test_sparsified_shards_apply_the_whole_tensors_coordinates(implementation, random_sparse):
+    """SparsifiedSGD draws k coordinates per whole tensor. Two tensors cut into the pieces three
+    "ranks" hold (each rank a call of its own with the generator in the same state, as every
+    rank's optimizer is): with ``whole_numels`` and ``element_offsets`` each piece applies the
+    coordinates of its whole tensor in its range, so together they update as the whole tensors
+    did, bit for bit; the coordinates land in every piece (k = 3000 of 9000 and of 70 300)."""
+    sizes, cuts = (N, 9000), ((0, 300, 70_001), (0, 4000, 4001))
+    g = torch.Generator().manual_seed(5)
+    whole = [[torch.randn(n, generator=g) for n in sizes] for _ in range(3)]  # params, grads, memories
+    pieced = [[t.clone() for t in lst] for lst in whole]
+    kwargs = dict(lr=0.1, weight_decay=0.01, sparse_grad_size=3000, random_sparse=random_sparse,
+                  generator=torch.Generator().manual_seed(7))
+    run_op("sparsified_sgd_", implementation, [*whole, []], kwargs)  # (no master weights)
+    for rank in range(3):
+        bounds = [(c[rank], c[rank + 1] if rank < 2 else n) for c, n in zip(cuts, sizes)]
+        views = [[t[a:b] for t, (a, b) in zip(lst, bounds)] for lst in pieced]
+        run_op("sparsified_sgd_", implementation, [*views, []],
+               {**kwargs, "whole_numels": list(sizes), "element_offsets": [a for a, _ in bounds]})
+    for what, got, expected in zip(("param", "grad", "memory"), pieced, whole):
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), what
+    assert all(bool((m == 0).any()) for lst in pieced[2:] for m in lst)  # coordinates were applied
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_sparsified_shard_outside_its_whole_tensor_is_refused_before_any_write(implementation):
+    args = [[torch.ones(10), torch.ones(10)] for _ in range(3)] + [[]]
+    with pytest.raises((RuntimeError, ValueError), match="param 1 of 10 elements at element_offsets 5 does not lie "
+                                                         "in its whole tensor of 12"):
+        run_op("sparsified_sgd_", implementation, args, dict(lr=0.1, weight_decay=0.1, sparse_grad_size=3,
+                                                             random_sparse=True, whole_numels=[10, 12],
+                                                             element_offsets=[0, 5]))
+    assert all(bool((t == 1).all()) for lst in args[:3] for t in lst)

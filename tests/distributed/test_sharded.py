@@ -3,7 +3,9 @@ shards, as the same params would whole (tests/workers/sharded_worker.py runs eve
 optimizer both ways in each of 2 and 4 gloo ranks).
 
 * Elementwise optimizers (every element's update reads only that element): a shard's update is
-  the update of those elements, so the sharded run equals the whole one bit for bit.
+  the update of those elements, so the sharded run equals the whole one bit for bit. So does
+  SparsifiedSGD's: every rank draws the whole tensor's coordinates from the same generator state,
+  and each shard applies those it holds.
 * 8-bit state is blocked per shard: a shard steps as its elements would as a plain tensor of
   their own (bit for bit, codes and absmaxes included), and as the whole tensor where every
   shard holds whole blocks of 256; without the kernels it is refused.
@@ -35,7 +37,7 @@ REFUSED = {"fused_adam/state_8bit/fused=False": "is a DTensor with state_dtype='
            "fused_adam/state_8bit/load_as_Shard(1)": "8-bit codes are blocked per shard and cannot be resharded",
            "fused_adam/state_8bit/load_whole": "saved from a sharded param (blocked per shard), but the param is a "
                                                "whole tensor",
-           "sparsified_sgd/Shard(0)": "chosen per whole tensor"}
+           "sparsified_sgd/Shard(-1)": "needs shards that are ranges of the whole tensor (Shard(0)"}
 
 
 def launch(world: int, tmp: Path) -> list[dict]:

@@ -42,6 +42,8 @@ OPTIONS = {
     "sign_sgd": dict(momentum=0.9), "lars": dict(momentum=0.9, weight_decay=1e-2),
     "larc": dict(momentum=0.9, weight_decay=1e-2), "colossalai_lars": dict(momentum=0.9, weight_decay=1e-2),
     "adam": dict(weight_decay=1e-2), "adamw": dict(amsgrad=True), "lamb": dict(weight_decay=1e-2),
+    # the same draws in both runs; k spans several ranks' rows of (600, 3), and more than (7,)
+    "sparsified_sgd": dict(seed=3, sparse_grad_size=700, weight_decay=1e-2),
 }
 
 
@@ -160,8 +162,7 @@ def cases(world: int):
     mesh = init_device_mesh("cpu", (world,))
     shard0 = lambda t: distribute_tensor(t, mesh, [Shard(0)])  # noqa: E731 (FSDP2's placement)
     for name in fused_optim.list_optimizers():
-        if name != "sparsified_sgd":
-            yield f"{name}/Shard(0)", lambda name=name: run(name, dict(lr=1e-2, **OPTIONS.get(name, {})), shard0)
+        yield f"{name}/Shard(0)", lambda name=name: run(name, dict(lr=1e-2, **OPTIONS.get(name, {})), shard0)
     shard1 = lambda t: distribute_tensor(t, mesh, [Shard(t.dim() - 1)])  # noqa: E731 (tensor parallel)
     replicate = lambda t: distribute_tensor(t, mesh, [Replicate()])  # noqa: E731
     for name in ("adam", "lars", "fused_lamb", "colossalai_lamb"):
@@ -187,7 +188,9 @@ def cases(world: int):
     yield "fused_adam/state_8bit/load_whole", lambda: load_8bit_into(mesh, None)
     yield "fused_adam/state_8bit/fused=False", lambda: run_per_shard("fused_adam", dict(eight_bit, fused=False),
                                                                      shard0)
-    yield "sparsified_sgd/Shard(0)", lambda: run("sparsified_sgd", dict(lr=1e-2), shard0)
+    sparse_block = dict(lr=1e-2, **OPTIONS["sparsified_sgd"], random_sparse=False)
+    yield "sparsified_sgd/random_block", lambda: run("sparsified_sgd", sparse_block, shard0)
+    yield "sparsified_sgd/Shard(-1)", lambda: run("sparsified_sgd", dict(lr=1e-2, seed=3), shard1)
     if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
         mesh2 = init_device_mesh("cpu", (2, 2))
         hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
