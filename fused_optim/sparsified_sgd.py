@@ -39,8 +39,8 @@ class SparsifiedSGD(FusedOptimizer):
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
     same coordinates. ``Shard(0)`` DTensor params (FSDP2's) step as their whole tensors: every rank
     draws the whole tensor's coordinates (the generator's state is broadcast from rank 0 when the
-    optimizer is made) and each shard applies those it holds. Where the reference fails, a k larger than a param sends all of its
-    coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
+    optimizer is made) and each shard applies those it holds. Where the reference fails, a k
+    larger than a param sends all of its coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
     biases may be smaller than k next to weights far larger, so an error would force a param group
     per tensor size; and an empty param sends nothing and draws nothing from the generator (the
     reference divides by zero). The averaging keeps the reference's τ = D/k also for k > D.
