@@ -127,7 +127,8 @@ class GradientStatistics(torch.optim.Optimizer):
                         for i, row, p in hooked if sharding.is_dtensor(p)]
         if fsdp2:
             self._hooks.append(UnshardedGradHooks(self._module(), self._rows.params,
-                                                  {i: self._rows.plain_row(i) for i in fsdp2}, self._on_grad))
+                                                  {i: self._rows.plain_row(i) for i in fsdp2}, self._on_grad,
+                                                  lambda: self._world_size))
 
     def _plain_hooks(self, plain: list[tuple[int, Tensor]]) -> list:
         """The hooks of the plain params of ``(row, param)`` pairs: C++ ones where the kernels build."""

@@ -16,13 +16,20 @@ statistics need ‖g_rank‖² per micro-batch, which only the unsharded param's
   :mod:`.gradient_stats_rows`), which the window's end all-reduces over the ranks, as under DDP;
 * the ``.grad`` sums stay those of the shards, summed over the mesh at the window's end.
 
-Only public hooks are used (``Module.register_forward_pre_hook``, ``Tensor.register_hook``). An
-unsharded param that is itself a ``DTensor`` (FSDP2 over tensor parallelism: each rank's gradient
-is a shard of a tensor-parallel replica) is refused when the pre-hook sees it.
+Only public hooks are used (``Module.register_forward_pre_hook``, ``Tensor.register_hook``).
+
+FSDP2 over tensor parallelism (a 2-D mesh, data × tensor parallel): the unsharded param is still a
+DTensor, sharded (or replicated) over the tensor-parallel ranks, which all see the same
+micro-batch. Its grad's local tensor is this rank's part of the micro-batch gradient: the window's
+all-reduce over every rank adds the tensor-parallel parts into the whole tensor's norm and the
+data-parallel replicas into the pool, as long as a tensor-parallel replica is counted on one rank
+of its mesh dimension only. N is the number of data-parallel replicas (the ranks / the
+tensor-parallel mesh's size), which the first forward checks.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Callable
 
@@ -42,10 +49,11 @@ def fsdp2_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
 class UnshardedGradHooks:
     """Hooks the unsharded params of ``params[i]`` for each ``i`` in ``rows`` (the DTensor params
     that ``module``'s FSDP2 units manage): ``on_grad(rows[i], grad)`` runs with each of their
-    micro-batch gradients. :meth:`remove` removes every hook registered so far."""
+    micro-batch gradients (``world_size()``: the replicas the statistics pool, checked against
+    tensor parallelism under FSDP2). :meth:`remove` removes every hook registered so far."""
 
     def __init__(self, module: torch.nn.Module, params: list[Tensor], rows: dict[int, int],
-                 on_grad: Callable[[int, Tensor], None]):
+                 on_grad: Callable[[int, Tensor], None], world_size: Callable[[], int]):
         index = {id(params[i]): i for i in rows}
         unit_of: dict[int, tuple[torch.nn.Module, str]] = {}  # param index -> (its innermost unit, name there)
         for unit in fsdp2_modules(module):  # (parents before children: a nested unit's claim wins)
@@ -54,7 +62,7 @@ class UnshardedGradHooks:
                     unit_of[index[id(p)]] = unit, name
         self.watched = set(unit_of)
         self.handles: list = []
-        self._rows, self._on_grad = rows, on_grad
+        self._rows, self._on_grad, self._world_size = rows, on_grad, world_size
         self._params = {i: weakref.ref(params[i]) for i in self.watched}
         self._seen: dict[int, weakref.ref] = {}  # the unsharded params hooked, by id
         for unit in {id(u): u for u, _ in unit_of.values()}.values():
@@ -71,15 +79,45 @@ class UnshardedGradHooks:
             for name, i in owned:
                 t = m.get_parameter(name)
                 seen = self._seen.get(id(t))
-                if (seen is not None and seen() is t) or not t.requires_grad:
-                    continue
-                if sharding.is_dtensor(t):  # the shard itself (not unsharded here: nothing to watch), or
-                    if t is not self._params[i]():  # FSDP2 over tensor parallelism
-                        raise RuntimeError(
-                            f"gradient statistics: param {i} ({name} of a {type(m).__name__}) is a DTensor inside the "
-                            "forward: FSDP2 over tensor parallelism is not supported (each rank's gradient is a "
-                            "shard of a tensor-parallel replica); shard with fully_shard alone")
-                    continue
+                if (seen is not None and seen() is t) or not t.requires_grad or t is self._params[i]():
+                    continue  # (hooked already; frozen; or the shard itself: not unsharded here)
+                on_grad = self._tensor_parallel(i, t) if sharding.is_dtensor(t) else \
+                    functools.partial(self._on_grad, self._rows[i])
                 self._seen[id(t)] = weakref.ref(t)
-                self.handles.append(t.register_hook(lambda grad, row=self._rows[i]: self._on_grad(row, grad)))
+                self.handles.append(t.register_hook(on_grad))
         return hook
+
+    def _tensor_parallel(self, i: int, t: Tensor) -> Callable[[Tensor], None]:
+        """The gradient hook of unsharded param ``t`` that is itself a DTensor (FSDP2 over tensor
+        parallelism): ``on_grad`` of its grad's local tensor, where the all-reduce over every rank
+        at the window's end adds the tensor-parallel shards into the whole tensor's norm and the
+        data-parallel replicas into the pool. A tensor-parallel replica (``Replicate``) is counted
+        on the first rank of its mesh dimension only (the others pass an empty tensor: they still
+        count the backward pass)."""
+        self._check_replicas(t)
+        mesh = t.device_mesh
+        copy = any(pl.is_replicate() and mesh.get_local_rank(d) != 0 for d, pl in enumerate(t.placements))
+        row = self._rows[i]
+
+        def on_grad(grad: Tensor) -> None:
+            why = sharding.grad_mismatch(t, grad)
+            if why is not None:
+                raise RuntimeError(f"gradient statistics: the unsharded param {i} {why}")
+            local = grad.to_local()
+            self._on_grad(row, local.reshape(-1)[:0] if copy else local)
+        return on_grad
+
+    def _check_replicas(self, t: Tensor) -> None:
+        """Raises where the statistics pool another number of replicas than the data-parallel
+        ones FSDP2 over tensor parallelism leaves: the ranks / the tensor-parallel mesh's size."""
+        import torch.distributed as dist
+
+        tensor_parallel = t.device_mesh.size()
+        if any(pl.is_partial() for pl in t.placements):
+            raise RuntimeError(f"gradient statistics: an unsharded param is placed {list(t.placements)} (Partial: "
+                               "pending sums); tensor-parallel params must be Shard or Replicate")
+        replicas = dist.get_world_size() // tensor_parallel
+        if self._world_size() != replicas:
+            raise RuntimeError(f"gradient statistics: world_size={self._world_size()}, but FSDP2 over a "
+                               f"tensor-parallel mesh of {tensor_parallel} ranks leaves {replicas} data-parallel "
+                               f"replicas (of {dist.get_world_size()} ranks): pass world_size={replicas}")

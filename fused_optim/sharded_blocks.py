@@ -29,6 +29,7 @@ import sys
 import torch
 from torch import Tensor
 
+from .sharding import shards
 from .state_formats import blocks_of, decode_8bit, encode_8bit
 
 LAYOUT_KEY = "block_layout"
@@ -43,7 +44,7 @@ def largest_local_numel(t: Tensor) -> int:
     mesh dimensions that shard it, whose first chunk (⌈n / k⌉) is the largest."""
     shape = list(t.shape)
     for mesh_dim, pl in enumerate(t.placements):
-        if pl.is_shard():
+        if shards(pl):
             d = pl.dim % t.dim()
             shape[d] = -(-shape[d] // t.device_mesh.size(mesh_dim))
     return math.prod(shape)
@@ -51,7 +52,7 @@ def largest_local_numel(t: Tensor) -> int:
 
 def shard_count(t: Tensor) -> int:
     """S: the shards of DTensor ``t`` (the product of the sizes of the mesh dimensions that shard it)."""
-    return math.prod(t.device_mesh.size(d) for d, pl in enumerate(t.placements) if pl.is_shard())
+    return math.prod(t.device_mesh.size(d) for d, pl in enumerate(t.placements) if shards(pl))
 
 
 def layout_of(t: Tensor) -> Tensor:
@@ -69,7 +70,7 @@ def wrap_absmax(local_absmax: Tensor, like: Tensor) -> Tensor:
     s, b, _ = layout_of(like).tolist()
     padded = torch.zeros(1, b, dtype=torch.float32, device=local_absmax.device)
     padded.view(-1)[:local_absmax.numel()] = local_absmax
-    placements = [_shard_placement()(0) if pl.is_shard() else dtensor.Replicate() for pl in like.placements]
+    placements = [_shard_placement()(0) if shards(pl) else dtensor.Replicate() for pl in like.placements]
     return dtensor.DTensor.from_local(padded, like.device_mesh, placements, run_check=False, shape=(s, b),
                                       stride=(b, 1))
 

@@ -89,11 +89,18 @@ def check_format(p: Tensor, state: dict, where: str) -> None:
                          "kernels serve")
 
 
+def shards(placement) -> bool:
+    """Whether a DTensor placement splits the tensor over its mesh dimension: ``Shard`` and
+    ``_StridedShard`` (FSDP2 over tensor parallelism; not an ``is_shard()`` one in torch 2.13),
+    anything but ``Replicate`` and ``Partial``."""
+    return not (placement.is_replicate() or placement.is_partial())
+
+
 def is_element_range(p: Tensor) -> bool:
     """Whether DTensor ``p``'s local tensor is a contiguous range of its whole tensor: every
     placement that shards it is ``Shard(0)`` (replicas beside)."""
     shard = sys.modules["torch.distributed.tensor"].Shard
-    return all(type(pl) is shard and pl.dim == 0 for pl in p.placements if pl.is_shard())
+    return all(type(pl) is shard and pl.dim == 0 for pl in p.placements if shards(pl))
 
 
 def element_offset(p: Tensor) -> int:
@@ -115,7 +122,7 @@ def sharded_dims(p: Tensor) -> list[int]:
     """The mesh dimensions that shard DTensor ``p`` (none for a plain tensor or a replica)."""
     if not is_dtensor(p):
         return []
-    return [d for d, pl in enumerate(p.placements) if pl.is_shard()]
+    return [d for d, pl in enumerate(p.placements) if shards(pl)]
 
 
 def all_reduce_rows(sums: Tensor, params: list[Tensor]) -> None:

@@ -99,6 +99,18 @@ def test_two_ranks(ranks2):
 
 
 @pytest.mark.slow
+def test_norms_of_whole_tensors_under_fsdp2_over_tensor_parallelism(ranks4):
+    """``_StridedShard`` dimensions are summed too (a dimension left out would miss half the squares:
+    a factor √2). The kernel adds a shard's ≤ 60 squares in fp32 (each rounded, as is each
+    addition) before the float64 all-reduce: relative ≤ (60 + 60)·2⁻²⁴ against the float64 sum
+    of the whole tensor, which the square root halves."""
+    for result in ranks4:
+        got = result["strided_norms"]
+        assert any("_StridedShard" in placements for placements in got["placements"]), got["placements"]
+        torch.testing.assert_close(got["norms"], got["whole"], rtol=120 * 2**-24, atol=0.0)
+
+
+@pytest.mark.slow
 def test_four_ranks(ranks4):
     assert any(case.startswith("lars/2d-Replicate") for case in ranks4[0]["runs"])
     _judge(ranks4)

@@ -1,7 +1,8 @@
 r"""AdaScale's and NoiseScale's statistics from DTensor params (sharded over 2 gloo ranks, one model
 replica between them) equal those from the same params whole; under FSDP2 (given the model, each
-rank with its own micro-batches) they equal DDP's; FSDP2 without the model, FSDP2 over tensor
-parallelism and a world size above 1 for a replica are refused with the reason
+rank with its own micro-batches) they equal DDP's, and over tensor parallelism (4 ranks, 2 × 2)
+those of the whole tensors; FSDP2 without the model, a world size other than the data-parallel
+replicas, and a world size above 1 for a replica are refused with the reason
 (tests/workers/sharded_stats_worker.py runs each pair in each rank).
 
 Tolerance. Both runs get bitwise equal gradients (the loss is elementwise in each param; under
@@ -53,17 +54,24 @@ def worker():
 
 
 @pytest.fixture(scope="module")
+def ranks4(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sharded_stats4")
+    run_ranks(WORKERS / "sharded_stats_worker.py", lambda r: (r, 4, tmp), 4, tmp)
+    return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(4)]
+
+
+@pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharded_stats")
     run_ranks(WORKERS / "sharded_stats_worker.py", lambda r: (r, 2, tmp), 2, tmp)
     return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-def sum_bound(worker, world: int) -> float:
+def sum_bound(worker, world: int, ranks: int = 2) -> float:
     """δ: the relative bound between the two runs' sums of one group (see the module docstring):
-    every square of the window (ACCUM micro-batches on each of ``world`` ranks, all params), plus
-    the all-reduces over 2 ranks and the fold of 2 rows per group."""
-    n = world * worker.ACCUM * sum(math.prod(shape) for shape, _, _ in worker.PARAMS) + 2 + 2
+    every square of the window (ACCUM micro-batches on each of ``world`` data-parallel indices, all
+    params), plus the all-reduce's additions over ``ranks`` ranks and the fold of 2 rows per group."""
+    n = world * worker.ACCUM * sum(math.prod(shape) for shape, _, _ in worker.PARAMS) + (ranks - 1) + 2
     return 2 * (n + 1) * U
 
 
@@ -95,34 +103,46 @@ def flat(record: dict, name: str) -> list[float]:
     return value if isinstance(value, list) else [value]
 
 
-def check_equal_statistics(worker, sharded: list[dict], whole: list[dict], keys: tuple, world: int, name: str):
-    """The sharded run's window sums within δ of the reference run's, its gains / B_simple inside
-    the replayed bounds, and its params within what the gains' difference explains."""
-    delta = sum_bound(worker, world)
-    assert len(sharded) == len(whole) == worker.STEPS
-    exact = replay(worker, whole, 1.0, 1.0, world)
-    low, high = replay(worker, whole, 1 - delta, 1 + delta, world), replay(worker, whole, 1 + delta, 1 - delta, world)
-    for step, (s, w) in enumerate(zip(sharded, whole)):
+def check_window_statistics(worker, sharded: list[dict], reference: list[dict], keys: tuple, world: int,
+                            name: str, ranks: int = 2) -> list[dict]:
+    """The sharded run's window sums within δ of the reference's (records of "local", "total",
+    "passes"), and its gains / B_simple inside the bounds replayed from them; returns the exact
+    replay's averages per step."""
+    delta = sum_bound(worker, world, ranks)
+    assert len(sharded) == len(reference) == worker.STEPS
+    exact = replay(worker, reference, 1.0, 1.0, world)
+    low = replay(worker, reference, 1 - delta, 1 + delta, world)
+    high = replay(worker, reference, 1 + delta, 1 - delta, world)
+    for step, (s, w) in enumerate(zip(sharded, reference)):
         where = f"{name}, step {step}"
         assert s["passes"] == w["passes"] == worker.ACCUM, where
         for key in ("local", "total"):  # the window's sums of the whole tensors, per group
             for a, b in zip(s[key], w[key], strict=True):
                 assert abs(a - b) <= delta * b, f"{where}: {key} {a} vs {b}"
-        # the replay is the reference run's own arithmetic, and the averages stay positive (no cancellation)
-        assert {k: w[k] for k in keys} == {k: values(worker, exact[step], world)[k] for k in keys}, where
+        # the averages stay positive (no cancellation)
         assert all(v > 0 for k in (stats.VAR, stats.SQR, stats.NOISE_VAR, stats.NOISE_SQR) for v in exact[step][k])
         lo, hi = values(worker, low[step], world), values(worker, high[step], world)
         for key in keys:
             for value, a, b in zip(flat(s, key), flat(lo, key), flat(hi, key), strict=True):
                 assert a * (1 - ULPS_AFTER_SUMS) <= value <= b * (1 + ULPS_AFTER_SUMS), f"{where}: {key} {value} " \
                     f"outside [{a}, {b}]"
+    assert any(v > 1.5 for v in flat(sharded[-1], keys[0]))  # the statistics measured something
+    return exact
+
+
+def check_equal_statistics(worker, sharded: list[dict], whole: list[dict], keys: tuple, world: int, name: str):
+    """:func:`check_window_statistics` against the whole run, whose values are the replay's own,
+    and the sharded run's params within what the gains' difference explains."""
+    exact = check_window_statistics(worker, sharded, whole, keys, world, name)
+    for step, (s, w) in enumerate(zip(sharded, whole)):
+        where = f"{name}, step {step}"
+        assert {k: w[k] for k in keys} == {k: values(worker, exact[step], world)[k] for k in keys}, where
         # the step: p − lr·gain(k)·g from equal p and g (NoiseScale: the gain is 1 in both)
         for k, (p_s, p_w, before) in enumerate(zip(s["params"], w["params"], w["before"])):
             group = worker.PARAMS[k][2]
             rel_gain = abs(s["gains"][group] / w["gains"][group] - 1) if "gains" in s else 0.0
             atol = (before - p_w).abs() * (rel_gain + 2 * U) + 2 * U * p_w.abs()
             assert ((p_s - p_w).abs() <= atol).all(), f"{where}: param {k}"
-    assert any(v > 1.5 for v in flat(sharded[-1], keys[0]))  # the statistics measured something
 
 
 def same_on_both_ranks(ranks: list[dict], runs) -> None:
@@ -159,12 +179,28 @@ def test_statistics_under_fsdp2_equal_ddps(ranks, worker, name, keys):
 
 
 @pytest.mark.slow
-def test_fsdp2_over_tensor_parallelism_is_refused_at_the_first_forward(ranks):
+@pytest.mark.parametrize("name, keys", KEYS)
+def test_statistics_under_fsdp2_over_tensor_parallelism_equal_the_whole_tensors(ranks4, worker, name, keys):
+    """A 2 × 2 mesh (data × tensor parallel): the unsharded params are tensor-parallel DTensors; the
+    statistics equal those of the whole params' micro-batch gradients of both data-parallel
+    indices, computed in the worker by the same elementwise arithmetic (its averaged ``.grad`` is
+    the run's, bit for bit: the premise of δ), with N = 2."""
+    for result in ranks4:
+        run = result["fsdp2_tensor_parallel"][name]
+        assert run["implementation"] == "fused" and run["world_size"] == 2
+        for record in run["records"]:
+            assert all(torch.equal(a, b) for a, b in zip(record["grads"], record["reference"]["grads"], strict=True))
+        reference = [{**record["reference"], "passes": worker.ACCUM} for record in run["records"]]
+        check_window_statistics(worker, run["records"], reference, keys, 2, f"fsdp2 over tp {name}", ranks=4)
+
+
+@pytest.mark.slow
+def test_fsdp2_over_tensor_parallelism_checks_the_world_size(ranks):
+    """N is the number of data-parallel replicas: the ranks / the tensor-parallel mesh's size."""
     for result in ranks:
         assert result["fsdp2_over_tensor_parallel"] == (
-            "gradient statistics: param 0 (0.weight of a FSDPSequential) is a DTensor inside the forward: FSDP2 over "
-            "tensor parallelism is not supported (each rank's gradient is a shard of a tensor-parallel replica); "
-            "shard with fully_shard alone")
+            "gradient statistics: world_size=2, but FSDP2 over a tensor-parallel mesh of 2 ranks leaves 1 "
+            "data-parallel replicas (of 2 ranks): pass world_size=1")
 
 
 @pytest.mark.slow

@@ -218,8 +218,8 @@ def fsdp2_step(mesh) -> None:
 
 
 def fsdp2_over_tensor_parallel(world: int) -> None:
-    """AdaScale given a model that FSDP2 shards over a tensor-parallel one (a mesh of 1 × WORLD):
-    its unsharded params are still DTensors, refused at the first forward."""
+    """AdaScale given a model that FSDP2 shards over a tensor-parallel one, a mesh of 1 × WORLD, and
+    the default world size (all ranks): the first forward refuses it (one data-parallel replica)."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -230,6 +230,99 @@ def fsdp2_over_tensor_parallel(world: int) -> None:
     fully_shard(model, mesh=mesh["dp"])
     fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), num_gradients_to_accumulate=2, module=model)
     model(torch.randn(4, 6)).sum().backward()
+
+
+# FSDP2 over tensor parallelism (tests/distributed/test_sharded_stats.py, 4 ranks): placements on
+# the tensor-parallel dimension, one per param of PARAMS.
+TP_PLACEMENTS = [Shard(1), Replicate(), Shard(1), Shard(0), Replicate()]
+
+
+class TensorParallelTerms(torch.nn.Module):
+    """:class:`Terms` of DTensor params on the tensor-parallel mesh; the micro-batch is placed as
+    each param (the tensor-parallel ranks see the same one)."""
+
+    def __init__(self, init: list[torch.Tensor], placements: list, mesh):
+        super().__init__()
+        self.mesh, self.placements = mesh, placements
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(distribute_tensor(t.clone(), mesh, [pl]))
+                                              for t, pl in zip(init, placements)])
+
+    def forward(self, batch) -> torch.Tensor:
+        terms = [(p * distribute_tensor(x, self.mesh, [pl]) - distribute_tensor(y, self.mesh, [pl])).square().sum()
+                 for p, (x, y), pl in zip(self.params, batch, self.placements)]
+        return sum(terms).full_tensor() / ACCUM
+
+
+class TensorParallelModel(torch.nn.Module):
+    """The params of PARAMS in a :class:`TensorParallelTerms` per param group; ``forward(batch)``
+    is :func:`loss` of the whole params."""
+
+    def __init__(self, init: list[torch.Tensor], mesh):
+        super().__init__()
+        self.members = [[i for i, (_, _, g) in enumerate(PARAMS) if g == k] for k in (0, 1)]
+        self.groups = torch.nn.ModuleList(TensorParallelTerms([init[i] for i in m], [TP_PLACEMENTS[i] for i in m],
+                                                              mesh) for m in self.members)
+
+    def ordered(self) -> list[torch.Tensor]:
+        at = {i: p for m, child in zip(self.members, self.groups) for i, p in zip(m, child.params)}
+        return [at[i] for i in range(len(PARAMS))]
+
+    def forward(self, batch) -> torch.Tensor:
+        return sum(child([batch[i] for i in m]) for m, child in zip(self.members, self.groups))
+
+
+def fsdp2_tensor_parallel(cls, world: int, **kwargs) -> dict:
+    """``cls`` over FusedSGD stepped STEPS times on the params of PARAMS placed TP_PLACEMENTS over
+    a tensor-parallel mesh dimension and sharded by FSDP2 over a data-parallel one (a 2 × 2 mesh;
+    the ranks of a data-parallel index see its micro-batches), the statistics given ``module=``.
+    Each step also records the reference: every data-parallel index's micro-batch gradients of
+    the whole params (the same elementwise arithmetic), their sums, and the averaged ``.grad``
+    (each index's micro-batches summed on its ranks, then averaged over the indices once, as the
+    run does: see :func:`no_sync`)."""
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    dp = mesh["dp"].get_local_rank()
+    init = [torch.randn(shape, generator=torch.Generator().manual_seed(7 + i), dtype=torch.float64)
+            for i, (shape, _, _) in enumerate(PARAMS)]
+    model = TensorParallelModel(init, mesh["tp"])
+    for child in model.groups:
+        fully_shard(child, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    params = model.ordered()
+    opt = cls(fused_optim.FusedSGD([{"params": [params[i] for i in m]} for m in model.members], lr=LR),
+              num_gradients_to_accumulate=ACCUM, world_size=world // 2, module=model, **kwargs)
+    trace = []
+    for step in range(STEPS):
+        reference = tensor_parallel_reference(whole_values(params), step, world // 2)
+        for micro in range(ACCUM):
+            model.set_requires_gradient_sync(micro == ACCUM - 1)  # (and its children's)
+            model(data(step, 1000 * (dp + 1) + micro)).backward()
+        trace.append({**observe(opt), "grads": whole_values([p.grad for p in params]), "reference": reference})
+        opt.step()
+        opt.zero_grad()
+    return {"records": trace, "world_size": opt.world_size, "implementation": opt.implementation}
+
+
+def tensor_parallel_reference(whole: list[torch.Tensor], step: int, replicas: int) -> dict:
+    """The window of :func:`fsdp2_tensor_parallel` from the whole params: per group, the sums of
+    squares of every micro-batch gradient of every data-parallel index ("local") and of the
+    averaged ``.grad`` ("total"), and that ``.grad`` ("grads")."""
+    local, sums = [0.0, 0.0], [None] * len(PARAMS)
+    for dp in range(replicas):
+        accumulated = [None] * len(PARAMS)
+        for micro in range(ACCUM):
+            ps = [torch.nn.Parameter(t.clone()) for t in whole]
+            loss(ps, data(step, 1000 * (dp + 1) + micro), None, False).backward()
+            for k, p in enumerate(ps):
+                local[PARAMS[k][2]] += float(p.grad.square().sum())
+                accumulated[k] = p.grad if accumulated[k] is None else accumulated[k] + p.grad
+        sums = [a if s is None else s + a for s, a in zip(sums, accumulated)]
+    grads = [s / replicas for s in sums]
+    total = [0.0, 0.0]
+    for k, g in enumerate(grads):
+        total[PARAMS[k][2]] += float(g.square().sum())
+    return {"local": local, "total": total, "grads": grads}
 
 
 def resume_unsharded(mesh, mid_window: bool) -> dict:
@@ -262,6 +355,13 @@ def refusals(mesh):
 def main(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
+    if world == 4:  # data × tensor parallel only
+        result = {"fsdp2_tensor_parallel": {
+            "adascale": fsdp2_tensor_parallel(fused_optim.AdaScale, world),
+            "noise_scale": fsdp2_tensor_parallel(fused_optim.NoiseScale, world, micro_batch_size=4)}}
+        torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+        end_process_group()
+        return
     mesh = init_device_mesh("cpu", (world,))
     result = {"runs": {"adascale": run(fused_optim.AdaScale, mesh),
                        "noise_scale": run(fused_optim.NoiseScale, mesh, micro_batch_size=4)},

@@ -157,6 +157,26 @@ def fsdp2_run(name: str, kwargs: dict, mesh) -> dict:
             "state": []}
 
 
+def fsdp2_over_tensor_parallel_norms() -> dict:
+    """The MLP split by tensor parallelism (column- then row-wise) and sharded by FSDP2 over a
+    2 × 2 (data × tensor parallel) mesh: its params' placements include ``_StridedShard`` (not an
+    ``is_shard()`` placement in torch 2.13), whose mesh dimension the norms of the whole tensors
+    (LAMB's, LARS's, multi_tensor_l2norm's: :func:`fused_optim.sharding.all_reduce_rows`) must sum
+    too. Returns (the per-tensor norms, those of the whole tensors), float64, and the placements."""
+    from fsdp2_mlp import make_mlp
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    sharded = make_mlp(0, torch.float32)
+    parallelize_module(sharded, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(sharded, mesh=mesh["dp"])
+    params = list(sharded.parameters())
+    _, norms = fused_optim.multi_tensor_l2norm(params, per_tensor=True)
+    whole = torch.stack([p.full_tensor().double().square().sum().sqrt() for p in params])
+    return {"norms": norms, "whole": whole, "placements": [str(p.placements) for p in params]}
+
+
 def cases(world: int):
     """(case id, thunk) of every run of this world size."""
     mesh = init_device_mesh("cpu", (world,))
@@ -210,6 +230,8 @@ def main(rank: int, world: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
     result = {"runs": {}, "errors": {}}
+    if world == 4:
+        result["strided_norms"] = fsdp2_over_tensor_parallel_norms()
     for case, thunk in cases(world):
         try:
             result["runs"][case] = thunk()
