@@ -159,44 +159,66 @@ def colossal_lars_(params, grads, momentum_buffers, first_step, *, lr, momentum,
                 nesterov=False, direction="clamp", clamp=10.0)
 
 
-def sparse_indices(d: int, k: int, random_sparse: bool, generator=None, whole: int | None = None,
-                   offset: int = 0) -> torch.Tensor:
+def sparse_indices(d: int, k: int, random_sparse: bool, generator=None) -> torch.Tensor:
     """The flat indices of the k coordinates sparsified SGD sends from a tensor of d elements (the
     draws of csrc/host/sparse_indices.h): randperm(d)[:k], or the block [b·k, min(b·k + k, d))
-    with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing. A shard
-    of d elements at ``offset`` in a ``whole`` tensor: the whole tensor's draws in its range,
-    shifted to its own indices."""
-    n, d = d, d if whole is None else whole
+    with b uniform in [0, ⌈d/k⌉); k is clamped to d, and an empty tensor draws nothing."""
     k = min(k, d)  # k >= d sends every coordinate
     if d == 0:
         return torch.empty(0, dtype=torch.long)  # nothing to send, nothing drawn
     if random_sparse:
-        index = torch.randperm(d, generator=generator)[:k]
-    else:
-        start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
-        index = torch.arange(start, min(start + k, d))
-    return index if whole is None else index[(index >= offset) & (index < offset + n)] - offset
+        return torch.randperm(d, generator=generator)[:k]
+    start = int(torch.randint(-(-d // k), (1,), generator=generator)) * k
+    return torch.arange(start, min(start + k, d))
+
+
+def indices_in_box(index: torch.Tensor, local_shape, whole_shape, offsets) -> torch.Tensor:
+    """The flat indices ``index`` of a tensor of ``whole_shape`` that lie in the box of
+    ``local_shape`` at ``offsets``, as flat indices of the box (csrc/host/sparse_indices.h)."""
+    coordinates = torch.stack(torch.unravel_index(index, tuple(whole_shape))) if len(whole_shape) else \
+        index.new_zeros(0, index.numel())
+    local = coordinates - torch.tensor(list(offsets), dtype=torch.long).view(-1, 1)
+    sizes = torch.tensor(list(local_shape), dtype=torch.long).view(-1, 1)
+    inside = ((local >= 0) & (local < sizes)).all(dim=0)
+    strides = torch.tensor([math.prod(local_shape[d + 1:]) for d in range(len(local_shape))], dtype=torch.long)
+    return (local * strides.view(-1, 1)).sum(dim=0)[inside]
+
+
+def _sparse_boxes(params, whole_shapes, box_offsets) -> list:
+    """Each param's (whole shape, box offsets) from the op's concatenated lists (None: a whole
+    tensor), checked before anything is written."""
+    if not whole_shapes and not box_offsets:
+        return [None] * len(params)
+    dims = sum(p.dim() for p in params)
+    if not len(whole_shapes) == len(box_offsets) == dims:
+        raise ValueError(f"sparsified_sgd_: whole_shapes and box_offsets need one entry per dimension of each param, "
+                         f"or none ({len(whole_shapes)} and {len(box_offsets)} for {dims} dimensions)")
+    boxes, at = [], 0
+    for t, p in enumerate(params):
+        whole, offsets = list(whole_shapes[at:at + p.dim()]), list(box_offsets[at:at + p.dim()])
+        at += p.dim()
+        if not all(0 <= o and o + n <= w for o, n, w in zip(offsets, p.shape, whole)):
+            raise ValueError(f"sparsified_sgd_: param {t} ({list(p.shape)}) at box_offsets {offsets} does not lie in "
+                             f"its whole tensor {whole}")
+        boxes.append((whole, offsets))
+    return boxes
 
 
 def sparsified_sgd_(params, grads, memories, *, lr, weight_decay, sparse_grad_size, random_sparse, generator=None,
-                    whole_numels=(), element_offsets=(), lr_tensor=None, grad_scale=None, found_inf=None) -> None:
+                    whole_shapes=(), box_offsets=(), lr_tensor=None, grad_scale=None, found_inf=None) -> None:
     """Error feedback with k coordinates per tensor (see csrc/cpu/sparsified_sgd.cpp; same draws;
-    ``whole_numels``/``element_offsets``: params that are shards of those whole tensors)."""
+    ``whole_shapes``/``box_offsets``: params that are boxes of those whole tensors)."""
     if _skip(found_inf):
         return
     lr = _lr(lr, lr_tensor)
     mul = lr * _grad_multiplier(grad_scale, False)
-    wholes = list(whole_numels) or [None] * len(params)
-    offsets = list(element_offsets) or [0] * len(params)
-    if not len(wholes) == len(offsets) == len(params):
-        raise ValueError(f"sparsified_sgd_: whole_numels and element_offsets need one entry per param, or none "
-                         f"({len(whole_numels)} and {len(element_offsets)} for {len(params)} params)")
-    for t, (p, whole, offset) in enumerate(zip(params, wholes, offsets)):  # (before anything is written)
-        if whole is not None and not 0 <= offset <= offset + p.numel() <= whole:
-            raise ValueError(f"sparsified_sgd_: param {t} of {p.numel()} elements at element_offsets {offset} does "
-                             f"not lie in its whole tensor of {whole}")
-    for p, g, memory, whole, offset in zip(params, grads, memories, wholes, offsets):
-        index = sparse_indices(p.numel(), sparse_grad_size, random_sparse, generator, whole, offset)
+    boxes = _sparse_boxes(params, whole_shapes, box_offsets)
+    for p, g, memory, box in zip(params, grads, memories, boxes):
+        if box is None:
+            index = sparse_indices(p.numel(), sparse_grad_size, random_sparse, generator)
+        else:
+            whole = sparse_indices(math.prod(box[0]), sparse_grad_size, random_sparse, generator)
+            index = indices_in_box(whole, p.shape, *box)
         memory.copy_(_opmath(memory) + mul * _opmath(g).to(_opmath(memory).dtype))
         x = _opmath(p)
         p.copy_(x - weight_decay * x)

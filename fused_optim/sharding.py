@@ -103,6 +103,23 @@ def is_element_range(p: Tensor) -> bool:
     return all(type(pl) is shard and pl.dim == 0 for pl in p.placements if shards(pl))
 
 
+def is_box(p: Tensor) -> bool:
+    """Whether DTensor ``p``'s local tensor is a box of its whole tensor (a range in each
+    dimension): every placement that shards it is a plain ``Shard`` (not FSDP2's ``_StridedShard``
+    over tensor parallelism, which interleaves)."""
+    shard = sys.modules["torch.distributed.tensor"].Shard
+    return all(type(pl) is shard for pl in p.placements if shards(pl))
+
+
+def box_offsets(p: Tensor) -> list[int]:
+    """Where DTensor ``p``'s local tensor starts in its whole tensor, per dimension (a box:
+    :func:`is_box`), by DTensor's own rule."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    return [int(o) for o in offset]
+
+
 def element_offset(p: Tensor) -> int:
     """The index in DTensor ``p``'s whole tensor (row-major) of its local tensor's first element,
     where the local tensor is a contiguous range of the whole: every placement that shards it is
@@ -110,12 +127,9 @@ def element_offset(p: Tensor) -> int:
     that index plus its local one, so a shard rounds as the unsharded tensor does. 0 for a plain
     tensor, and for a shard of another dimension (its elements are no range of the whole: its
     bits are drawn by the local index, unbiased still, but not the unsharded tensor's)."""
-    if not is_dtensor(p) or not is_element_range(p):
+    if not is_dtensor(p) or not is_element_range(p) or not p.dim():
         return 0
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # (DTensor's own rule)
-
-    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    return int(offset[0]) * math.prod(p.shape[1:]) if p.dim() else 0
+    return box_offsets(p)[0] * math.prod(p.shape[1:])
 
 
 def sharded_dims(p: Tensor) -> list[int]:

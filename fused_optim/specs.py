@@ -89,9 +89,9 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
         (_float("lr"), _float("weight_decay"), Scalar("sparse_grad_size", "int", _sparse_grad_size),
          Scalar("random_sparse", "bool", lambda opt, group: bool(group["random_sparse"])),
          Scalar("generator", "Generator?", lambda opt, group: opt.generator, "None"),
-         # a DTensor bucket's, per param (SparsifiedSGD._sharded_kwargs; see csrc/host/sparse_indices.h)
-         Scalar("whole_numels", "int[]", lambda opt, group: (), "[]"),
-         Scalar("element_offsets", "int[]", lambda opt, group: (), "[]")),
+         # a DTensor bucket's, per param dimension (SparsifiedSGD._sharded_kwargs; csrc/host/sparse_indices.h)
+         Scalar("whole_shapes", "int[]", lambda opt, group: (), "[]"),
+         Scalar("box_offsets", "int[]", lambda opt, group: (), "[]")),
         _reference.sparsified_sgd_,
         dict(lr=0.1, weight_decay=0.01, sparse_grad_size=5, random_sparse=True),
         lambda: dict(generator=torch.Generator().manual_seed(0)),

@@ -3,7 +3,7 @@
 //   memory <- memory + lr*g/grad_scale                  (every element, one parallel pass)
 //   p <- p - weight_decay*p                             (same pass; decay not multiplied by lr)
 //   S <- k indices (host/sparse_indices.h: random, or a random block; the reference's draws; a
-//        shard applies those of its whole tensor that it holds)
+//        shard applies those of its whole tensor inside its box)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
 #include "../host/sparse_indices.h"
 #include "master_weights.h"
@@ -36,8 +36,8 @@ void apply_sparse(const UpdatedParams& params, int64_t t, const at::Tensor& memo
 void sparsified_sgd_cpu(at::TensorList model, at::TensorList grads_in, at::TensorList memories,
                         at::TensorList masters, double lr,
                         double weight_decay, int64_t sparse_grad_size, bool random_sparse,
-                        const std::optional<at::Generator>& generator, c10::IntArrayRef whole_numels,
-                        c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
+                        const std::optional<at::Generator>& generator, c10::IntArrayRef whole_shapes,
+                        c10::IntArrayRef box_offsets, const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
@@ -48,7 +48,7 @@ void sparsified_sgd_cpu(at::TensorList model, at::TensorList grads_in, at::Tenso
   check_mutable("sparsified_sgd_", "memories", params.values(), memories);
   const auto numels = numels_of(model);
   const auto indices =
-      draw_sparse_indices(model, sparse_grad_size, random_sparse, generator, whole_numels, element_offsets);
+      draw_sparse_indices(model, sparse_grad_size, random_sparse, generator, whole_shapes, box_offsets);
   dispatch_update(params, [&](auto types) {
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;

@@ -365,7 +365,7 @@ void colossal_lars_call(at::TensorList params, at::TensorList grads, at::TensorL
 void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::TensorList memories,
                          at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
                          bool random_sparse, const std::optional<at::Generator>& generator,
-                         c10::IntArrayRef whole_numels, c10::IntArrayRef element_offsets, const OptTensor& lr_tensor,
+                         c10::IntArrayRef whole_shapes, c10::IntArrayRef box_offsets, const OptTensor& lr_tensor,
                          const OptTensor& grad_scale, const OptTensor& found_inf) {
   const char* op = "sparsified_sgd_";
   if (params.empty()) return;
@@ -381,7 +381,7 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
   auto g = pointers(grads), m = pointers(memories);
   const auto sizes = sizes_of(params);
   const auto indices =  // (drawn and checked before anything is written)
-      draw_sparse_indices(params, sparse_grad_size, random_sparse, generator, whole_numels, element_offsets);
+      draw_sparse_indices(params, sparse_grad_size, random_sparse, generator, whole_shapes, box_offsets);
   cuda::sparsified_sgd_launch(lists.dtypes, static_cast<int64_t>(params.size()), lists.values.data(), g.data(),
                               m.data(), lists.model_list(), sizes.data(), scalars.get(), weight_decay, stream);
   for (size_t t = 0; t < params.size(); ++t) {

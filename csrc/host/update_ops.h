@@ -60,7 +60,7 @@ void colossal_lars_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
 void sparsified_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList memories,
                         at::TensorList master_params, double lr, double weight_decay, int64_t sparse_grad_size,
                         bool random_sparse, const std::optional<at::Generator>& generator,
-                        c10::IntArrayRef whole_numels, c10::IntArrayRef element_offsets,
+                        c10::IntArrayRef whole_shapes, c10::IntArrayRef box_offsets,
                         const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                         const std::optional<at::Tensor>& found_inf);
 void adam_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,

@@ -90,34 +90,44 @@ def test_element_offsets_of_another_length_are_refused(implementation):
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("random_sparse", [True, False], ids=["random", "block"])
 def test_sparsified_shards_apply_the_whole_tensors_coordinates(implementation, random_sparse):
-    """SparsifiedSGD draws k coordinates per whole tensor. Two tensors cut into the pieces three
-    "ranks" hold (each rank a call of its own with the generator in the same state, as every
-    rank's optimizer is): with ``whole_numels`` and ``element_offsets`` each piece applies the
-    coordinates of its whole tensor in its range, so together they update as the whole tensors
-    did, bit for bit; the coordinates land in every piece (k = 3000 of 9000 and of 70 300)."""
-    sizes, cuts = (N, 9000), ((0, 300, 70_001), (0, 4000, 4001))
+    """SparsifiedSGD draws k coordinates per whole tensor. Two tensors cut into the boxes four
+    "ranks" hold (a vector in ranges, as Shard(0) cuts it; a matrix in a 2 × 2 grid, as
+    [Shard(0), Shard(1)] does), each rank a call of its own with the generator in the same state,
+    as every rank's optimizer has it: with ``whole_shapes`` and ``box_offsets`` each box applies
+    the coordinates of its whole tensor inside it, so together they update as the whole tensors
+    did, bit for bit (k = 3000 of 9000 and of 70 300: random coordinates land in every box)."""
+    shapes = ((N,), (90, 100))
+    boxes = {0: ((0,), (0, 0)), 1: ((300,), (0, 37)), 2: ((35_001,), (41, 0)), 3: ((50_003,), (41, 37))}
+    ends = {0: ((300,), (41, 37)), 1: ((35_001,), (41, 100)), 2: ((50_003,), (90, 37)), 3: ((N,), (90, 100))}
     g = torch.Generator().manual_seed(5)
-    whole = [[torch.randn(n, generator=g) for n in sizes] for _ in range(3)]  # params, grads, memories
+    whole = [[torch.randn(shape, generator=g) for shape in shapes] for _ in range(3)]  # params, grads, memories
     pieced = [[t.clone() for t in lst] for lst in whole]
     kwargs = dict(lr=0.1, weight_decay=0.01, sparse_grad_size=3000, random_sparse=random_sparse,
                   generator=torch.Generator().manual_seed(7))
     run_op("sparsified_sgd_", implementation, [*whole, []], kwargs)  # (no master weights)
-    for rank in range(3):
-        bounds = [(c[rank], c[rank + 1] if rank < 2 else n) for c, n in zip(cuts, sizes)]
-        views = [[t[a:b] for t, (a, b) in zip(lst, bounds)] for lst in pieced]
+    for rank in range(4):
+        cut = [tuple(slice(a, b) for a, b in zip(start, end)) for start, end in zip(boxes[rank], ends[rank])]
+        views = [[t[c].contiguous() for t, c in zip(lst, cut)] for lst in pieced]
         run_op("sparsified_sgd_", implementation, [*views, []],
-               {**kwargs, "whole_numels": list(sizes), "element_offsets": [a for a, _ in bounds]})
+               {**kwargs, "whole_shapes": [n for shape in shapes for n in shape],
+                "box_offsets": [o for start in boxes[rank] for o in start]})
+        for lst, box in zip(pieced, views):
+            for t, c, v in zip(lst, cut, box):
+                t[c] = v
     for what, got, expected in zip(("param", "grad", "memory"), pieced, whole):
         assert all(torch.equal(a, b) for a, b in zip(got, expected)), what
-    assert all(bool((m == 0).any()) for lst in pieced[2:] for m in lst)  # coordinates were applied
+    for memory in pieced[2]:  # coordinates were applied in every box (random), in some box (a block)
+        hit = [bool((memory[tuple(slice(a, b) for a, b in zip(boxes[r][memory.dim() - 1], ends[r][memory.dim() - 1]))]
+                     == 0).any()) for r in range(4)]
+        assert all(hit) if random_sparse else any(hit), hit
 
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_sparsified_shard_outside_its_whole_tensor_is_refused_before_any_write(implementation):
-    args = [[torch.ones(10), torch.ones(10)] for _ in range(3)] + [[]]
-    with pytest.raises((RuntimeError, ValueError), match="param 1 of 10 elements at element_offsets 5 does not lie "
-                                                         "in its whole tensor of 12"):
+    args = [[torch.ones(10), torch.ones(4, 5)] for _ in range(3)] + [[]]
+    with pytest.raises((RuntimeError, ValueError), match=r"param 1 \(\[4, 5\]\) at box_offsets \[0, 3\] does not "
+                                                         r"lie in its whole tensor \[4, 7\]"):
         run_op("sparsified_sgd_", implementation, args, dict(lr=0.1, weight_decay=0.1, sparse_grad_size=3,
-                                                             random_sparse=True, whole_numels=[10, 12],
-                                                             element_offsets=[0, 5]))
+                                                             random_sparse=True, whole_shapes=[10, 4, 7],
+                                                             box_offsets=[0, 0, 3]))
     assert all(bool((t == 1).all()) for lst in args[:3] for t in lst)

@@ -157,21 +157,34 @@ def fsdp2_run(name: str, kwargs: dict, mesh) -> dict:
             "state": []}
 
 
-def fsdp2_over_tensor_parallel_norms() -> dict:
-    """The MLP split by tensor parallelism (column- then row-wise) and sharded by FSDP2 over a
-    2 × 2 (data × tensor parallel) mesh: its params' placements include ``_StridedShard`` (not an
-    ``is_shard()`` placement in torch 2.13), whose mesh dimension the norms of the whole tensors
-    (LAMB's, LARS's, multi_tensor_l2norm's: :func:`fused_optim.sharding.all_reduce_rows`) must sum
-    too. Returns (the per-tensor norms, those of the whole tensors), float64, and the placements."""
+def mlp_over_tensor_parallel(mesh) -> torch.nn.Module:
+    """The MLP split by tensor parallelism (column- then row-wise) on ``mesh["tp"]`` and sharded
+    by FSDP2 on ``mesh["dp"]``: its params' placements include ``_StridedShard``."""
     from fsdp2_mlp import make_mlp
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    sharded = make_mlp(0, torch.float32)
-    parallelize_module(sharded, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
-    fully_shard(sharded, mesh=mesh["dp"])
-    params = list(sharded.parameters())
+    model = make_mlp(0, torch.float32)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def sparsified_over_tensor_parallel(kwargs: dict) -> None:
+    """SparsifiedSGD over :func:`mlp_over_tensor_parallel`'s params: refused at the first step."""
+    model = mlp_over_tensor_parallel(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
+    opt = fused_optim.SparsifiedSGD(model.parameters(), **kwargs)
+    model(torch.randn(8, 6)).square().mean().backward()
+    opt.step()
+
+
+def fsdp2_over_tensor_parallel_norms() -> dict:
+    """:func:`mlp_over_tensor_parallel` on a 2 × 2 (data × tensor parallel) mesh: its params'
+    ``_StridedShard`` placements (not ``is_shard()`` ones in torch 2.13) shard a mesh dimension
+    that the norms of the whole tensors (LAMB's, LARS's, multi_tensor_l2norm's:
+    :func:`fused_optim.sharding.all_reduce_rows`) must sum too. Returns (the per-tensor norms,
+    those of the whole tensors), float64, and the placements."""
+    params = list(mlp_over_tensor_parallel(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))).parameters())
     _, norms = fused_optim.multi_tensor_l2norm(params, per_tensor=True)
     whole = torch.stack([p.full_tensor().double().square().sum().sqrt() for p in params])
     return {"norms": norms, "whole": whole, "placements": [str(p.placements) for p in params]}
@@ -210,12 +223,16 @@ def cases(world: int):
                                                                      shard0)
     sparse_block = dict(lr=1e-2, **OPTIONS["sparsified_sgd"], random_sparse=False)
     yield "sparsified_sgd/random_block", lambda: run("sparsified_sgd", sparse_block, shard0)
-    yield "sparsified_sgd/Shard(-1)", lambda: run("sparsified_sgd", dict(lr=1e-2, seed=3), shard1)
+    sparse = dict(lr=1e-2, **OPTIONS["sparsified_sgd"])
+    yield "sparsified_sgd/Shard(-1)", lambda: run("sparsified_sgd", sparse, shard1)
+    yield "sparsified_sgd/Replicate", lambda: run("sparsified_sgd", sparse, replicate)
     if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
         mesh2 = init_device_mesh("cpu", (2, 2))
         hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
         both = lambda t: distribute_tensor(t, mesh2, [Shard(0), Shard(t.dim() - 1)])  # noqa: E731
         yield "fused_adam/state_8bit/2d-Replicate-Shard(0)", lambda: run_per_shard("fused_adam", eight_bit, hsdp)
+        yield "sparsified_sgd/2d-Shard(0)-Shard(-1)", lambda: run("sparsified_sgd", sparse, both)
+        yield "sparsified_sgd/fully_shard_over_tensor_parallel", lambda: sparsified_over_tensor_parallel(sparse)
         for name in ("adam", "lars", "fused_lamb"):
             kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
             yield f"{name}/2d-Replicate-Shard(0)", lambda name=name, kwargs=kwargs: run(name, kwargs, hsdp)
