@@ -96,24 +96,11 @@ def shards(placement) -> bool:
     return not (placement.is_replicate() or placement.is_partial())
 
 
-def is_element_range(p: Tensor) -> bool:
-    """Whether DTensor ``p``'s local tensor is a contiguous range of its whole tensor: every
-    placement that shards it is ``Shard(0)`` (replicas beside)."""
-    shard = sys.modules["torch.distributed.tensor"].Shard
-    return all(type(pl) is shard and pl.dim == 0 for pl in p.placements if shards(pl))
-
-
-def is_box(p: Tensor) -> bool:
-    """Whether DTensor ``p``'s local tensor is a box of its whole tensor (a range in each
-    dimension): every placement that shards it is a plain ``Shard`` (not FSDP2's ``_StridedShard``
-    over tensor parallelism, which interleaves)."""
-    shard = sys.modules["torch.distributed.tensor"].Shard
-    return all(type(pl) is shard for pl in p.placements if shards(pl))
-
-
 def box_offsets(p: Tensor) -> list[int]:
-    """Where DTensor ``p``'s local tensor starts in its whole tensor, per dimension (a box:
-    :func:`is_box`), by DTensor's own rule."""
+    """Where DTensor ``p``'s local tensor starts in its whole tensor, per dimension, by DTensor's
+    own rule (the one ``torch.distributed.checkpoint`` saves shards by): the local tensor is the
+    box of its shape at these offsets, also under FSDP2 over tensor parallelism (``_StridedShard``
+    on the dimension tensor parallelism shards: a range of that range)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
@@ -122,12 +109,13 @@ def box_offsets(p: Tensor) -> list[int]:
 
 def element_offset(p: Tensor) -> int:
     """The index in DTensor ``p``'s whole tensor (row-major) of its local tensor's first element,
-    where the local tensor is a contiguous range of the whole: every placement that shards it is
-    ``Shard(0)`` (FSDP2's; any replicas beside). Stochastic rounding draws each element's bits by
-    that index plus its local one, so a shard rounds as the unsharded tensor does. 0 for a plain
-    tensor, and for a shard of another dimension (its elements are no range of the whole: its
-    bits are drawn by the local index, unbiased still, but not the unsharded tensor's)."""
-    if not is_dtensor(p) or not is_element_range(p) or not p.dim():
+    where the local tensor is a contiguous range of the whole: a box of whole rows (FSDP2's
+    ``Shard(0)``, also over tensor parallelism; any replicas beside). Stochastic rounding draws
+    each element's bits by that index plus its local one, so a shard rounds as the unsharded
+    tensor does. 0 for a plain tensor, and for a box that cuts rows (tensor parallelism's
+    ``Shard(1)``: its elements are no range of the whole, and draw their bits by the local index,
+    unbiased still, but not the unsharded tensor's)."""
+    if not is_dtensor(p) or not p.dim() or tuple(p.to_local().shape[1:]) != tuple(p.shape[1:]):
         return 0
     return box_offsets(p)[0] * math.prod(p.shape[1:])
 

@@ -37,10 +37,9 @@ class SparsifiedSGD(FusedOptimizer):
     reference needs (1, D)), the block choice covers every coordinate (the reference never sends
     the last D mod k), and the coordinates come from the optimizer's own ``torch.Generator``
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
-    same coordinates. DTensor params placed by ``Shard`` and ``Replicate`` (FSDP2's, tensor
-    parallelism's) step as their whole tensors: every rank draws the whole tensor's coordinates
-    (the generator's state is broadcast from rank 0 when the optimizer is made) and each shard
-    applies those it holds. Where the reference fails, a k
+    same coordinates. DTensor params (FSDP2's, tensor parallelism's, both) step as their whole
+    tensors: every rank draws the whole tensor's coordinates (the generator's state is broadcast
+    from rank 0 when the optimizer is made) and each shard applies those in its box. Where the reference fails, a k
     larger than a param sends all of its coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
     biases may be smaller than k next to weights far larger, so an error would force a param group
     per tensor size; and an empty param sends nothing and draws nothing from the generator (the
@@ -92,18 +91,6 @@ class SparsifiedSGD(FusedOptimizer):
         k = group["sparse_grad_size"]
         check_range("sparse_grad_size", k, isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 1,
                     "need an int >= 1")
-
-    def _check_param(self, p: torch.Tensor, gi: int, i: int) -> None:
-        """The base's checks, and a refusal of DTensor params whose shards are not boxes of their
-        whole tensors (FSDP2 over tensor parallelism interleaves): the coordinates are drawn per
-        whole tensor, and a shard applies those in its box."""
-        super()._check_param(p, gi, i)
-        if sharding.is_dtensor(p) and not sharding.is_box(p):
-            raise RuntimeError(f"SparsifiedSGD: param {i} of group {gi} is a DTensor placed {list(p.placements)}: "
-                               "the coordinates it sends are drawn per whole tensor and applied by the shard that "
-                               "holds them, which needs shards that are boxes of the whole tensor (Shard placements, "
-                               "not FSDP2 over tensor parallelism); give it DTensors placed by Shard and Replicate, "
-                               "or plain (replicated) params")
 
     def _check_unfused(self, p: torch.Tensor, state: dict, where: str) -> None:
         super()._check_unfused(p, state, where)

@@ -36,7 +36,7 @@ probability (x - a)/ulp, so its expectation is x (the magnitude rounds up or dow
 untouched; NaN stays NaN). The bits are a hash of (key, stream, element index): ``key`` a per-param
 int64 counter in the optimizer state (``state["rounding_key"]``, advanced by one per step),
 ``stream`` 0 for the param and 1 + k for its k-th state tensor; the index is the element's in its
-whole tensor (a ``Shard(0)`` DTensor's local tensor starts at its ``element_offset``,
+whole tensor (a DTensor whose local tensor is a range of rows starts at its ``element_offset``,
 :mod:`.sharding`). Results therefore do not depend on the thread count nor on how the tensor is
 sharded, the reference reproduces the kernels' bits, and a resumed run continues exactly.
 """

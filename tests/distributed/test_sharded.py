@@ -5,7 +5,7 @@ optimizer both ways in each of 2 and 4 gloo ranks).
 * Elementwise optimizers (every element's update reads only that element): a shard's update is
   the update of those elements, so the sharded run equals the whole one bit for bit. So does
   SparsifiedSGD's: every rank draws the whole tensor's coordinates from the same generator state,
-  and each shard applies those in its box (refused where FSDP2 over tensor parallelism interleaves).
+  and each shard applies those in its box (FSDP2 over tensor parallelism's ``_StridedShard`` too).
 * 8-bit state is blocked per shard: a shard steps as its elements would as a plain tensor of
   their own (bit for bit, codes and absmaxes included), and as the whole tensor where every
   shard holds whole blocks of 256; without the kernels it is refused.
@@ -37,7 +37,6 @@ REFUSED = {"fused_adam/state_8bit/fused=False": "is a DTensor with state_dtype='
            "fused_adam/state_8bit/load_as_Shard(1)": "8-bit codes are blocked per shard and cannot be resharded",
            "fused_adam/state_8bit/load_whole": "saved from a sharded param (blocked per shard), but the param is a "
                                                "whole tensor"}
-REFUSED_ON_4 = {"sparsified_sgd/fully_shard_over_tensor_parallel": "needs shards that are boxes of the whole tensor"}
 
 
 def launch(world: int, tmp: Path) -> list[dict]:
@@ -62,9 +61,9 @@ def _layerwise(case: str) -> bool:
     return fused_optim.registry.get_spec(name).cls.op_name in LAYERWISE_OPS
 
 
-def _judge(ranks: list[dict], refused: dict) -> None:
+def _judge(ranks: list[dict]) -> None:
     for r, result in enumerate(ranks):
-        for case, expected in refused.items():
+        for case, expected in REFUSED.items():
             assert expected in result["errors"].pop(case, ""), f"rank {r}: {case} was not refused as expected"
         assert not result["errors"], f"rank {r}: " + "\n".join(f"{c}: {m}" for c, m in result["errors"].items())
         for case, run in result["runs"].items():
@@ -95,7 +94,7 @@ def _judge(ranks: list[dict], refused: dict) -> None:
 @pytest.mark.slow
 def test_two_ranks(ranks2):
     assert any(case.endswith("fully_shard") for case in ranks2[0]["runs"])
-    _judge(ranks2, REFUSED)
+    _judge(ranks2)
 
 
 @pytest.mark.slow
@@ -113,4 +112,4 @@ def test_norms_of_whole_tensors_under_fsdp2_over_tensor_parallelism(ranks4):
 @pytest.mark.slow
 def test_four_ranks(ranks4):
     assert any(case.startswith("lars/2d-Replicate") for case in ranks4[0]["runs"])
-    _judge(ranks4, {**REFUSED, **REFUSED_ON_4})
+    _judge(ranks4)

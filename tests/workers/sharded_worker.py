@@ -170,12 +170,41 @@ def mlp_over_tensor_parallel(mesh) -> torch.nn.Module:
     return model
 
 
-def sparsified_over_tensor_parallel(kwargs: dict) -> None:
-    """SparsifiedSGD over :func:`mlp_over_tensor_parallel`'s params: refused at the first step."""
-    model = mlp_over_tensor_parallel(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
-    opt = fused_optim.SparsifiedSGD(model.parameters(), **kwargs)
-    model(torch.randn(8, 6)).square().mean().backward()
-    opt.step()
+def rows_over_tensor_parallel(mesh) -> torch.nn.Module:
+    """Params of SHAPES split by tensor parallelism on their rows (``Shard(0)`` on ``mesh["tp"]``,
+    a vector ``Replicate``) and sharded by FSDP2 on ``mesh["dp"]``: each rank holds a range of rows
+    of each whole tensor (``_StridedShard`` on the rows)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = torch.nn.ParameterList(
+        torch.nn.Parameter(distribute_tensor(t, mesh["tp"], [Shard(0) if t.dim() > 1 else Replicate()]))
+        for t in whole_tensors(0))
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def over_tensor_parallel(name: str, kwargs: dict, make) -> dict:
+    """``name`` over the params of ``make(mesh)`` (:func:`mlp_over_tensor_parallel` or
+    :func:`rows_over_tensor_parallel`, on a 2 × 2 mesh: ``_StridedShard`` placements) against the
+    same params whole, with the grads 2·p + 1 of the params (elementwise, so both runs get the
+    same numbers; a model's own grads would differ by the tensor-parallel sums' order)."""
+    sharded = make(init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp")))
+    whole = [torch.nn.Parameter(q.full_tensor().detach().clone()) for q in sharded.parameters()]
+    opts = [fused_optim.create_optimizer(name, params, **kwargs) for params in (whole, list(sharded.parameters()))]
+    pairs = list(zip(whole, sharded.parameters()))
+    placements = [str(q.placements) for _, q in pairs]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(STEPS):
+            for p, q in pairs:
+                p.grad, q.grad = p.detach() * 2.0 + 1.0, q.detach() * 2.0 + 1.0
+            for opt in opts:
+                opt.step()
+    assert any("_StridedShard" in pl for pl in placements), placements  # (the case this run is for)
+    return {"implementation": opts[1].implementation, "warnings": [str(w.message) for w in caught],
+            "params": [(q.full_tensor(), p.detach()) for p, q in pairs],
+            "state": [(key, value.full_tensor(), opts[0].state[p][key], value.placements == q.placements)
+                      for p, q in pairs for key, value in opts[1].state[q].items() if isinstance(value, DTensor)]}
 
 
 def fsdp2_over_tensor_parallel_norms() -> dict:
@@ -232,7 +261,12 @@ def cases(world: int):
         both = lambda t: distribute_tensor(t, mesh2, [Shard(0), Shard(t.dim() - 1)])  # noqa: E731
         yield "fused_adam/state_8bit/2d-Replicate-Shard(0)", lambda: run_per_shard("fused_adam", eight_bit, hsdp)
         yield "sparsified_sgd/2d-Shard(0)-Shard(-1)", lambda: run("sparsified_sgd", sparse, both)
-        yield "sparsified_sgd/fully_shard_over_tensor_parallel", lambda: sparsified_over_tensor_parallel(sparse)
+        yield "sparsified_sgd/fully_shard_over_tensor_parallel", lambda: over_tensor_parallel(
+            "sparsified_sgd", sparse, mlp_over_tensor_parallel)
+        # stochastic rounding by each element's index in the whole tensor: a shard of rows starts at its offset
+        yield "fused_adam/state_bf16_stochastic/fully_shard_over_tensor_parallel", lambda: over_tensor_parallel(
+            "fused_adam", dict(lr=1e-2, state_dtype=torch.bfloat16, state_rounding="stochastic"),
+            rows_over_tensor_parallel)
         for name in ("adam", "lars", "fused_lamb"):
             kwargs = dict(lr=1e-2, **OPTIONS.get(name, {}))
             yield f"{name}/2d-Replicate-Shard(0)", lambda name=name, kwargs=kwargs: run(name, kwargs, hsdp)
