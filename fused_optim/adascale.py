@@ -23,7 +23,7 @@ from torch import Tensor
 from . import _build, _ops, sharding
 from . import gradient_stats_math as stats
 from .checks import positive_int
-from .gradient_stats_fsdp import UnshardedGradHooks, fsdp2_modules
+from .gradient_stats_fsdp import UnshardedGradHooks, fsdp2_units
 from .gradient_stats_math import Window
 from .gradient_stats_rows import SHARDED_PARAMS, SumRows, check_grad, refuse_unseen_grads
 from .norm import sum_squares_
@@ -75,13 +75,15 @@ class GradientStatistics(torch.optim.Optimizer):
         self._grad_scaler = grad_scaler
         self._module = None if module is None else weakref.ref(module)  # (FSDP2's: see _hook)
         self._rows = SumRows(self.param_groups, self._name)
+        self._fsdp2 = self._fsdp2_units(self._rows)
         if world_size is None:  # (the ranks of a DTensor's mesh hold one replica, unless FSDP2 shards it)
-            world_size = 1 if self._rows.sharded and not self._fsdp2_params(self._rows) >= set(self._rows.sharded) \
+            world_size = 1 if not set(self._fsdp2) >= set(self._rows.sharded) \
                 else (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
         self._world_size = self._checked_world_size(world_size)
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
+        self._seen_in_window: set[int] = set()  # the DTensor params (indices in the rows) hooks saw in the window
         # The hooks count the window's backward passes in it and end the window (see _hook).
         self._counts = _window_counts(next(_handles))
         _WINDOW_OWNERS[int(self._counts[HANDLE])] = self
@@ -107,27 +109,21 @@ class GradientStatistics(torch.optim.Optimizer):
         self._hook()
 
     # ---- hooks: per-micro-batch local norms --------------------------------------------------
-    def _fsdp2_params(self, rows: SumRows) -> set[int]:
-        """The indices of the DTensor params of ``rows`` that FSDP2 units of ``module`` manage."""
-        module = None if self._module is None else self._module()
-        if module is None or not rows.sharded:
-            return set()
-        managed = {id(p) for m in fsdp2_modules(module) for p in m.parameters()}
-        return {i for i in rows.sharded if id(rows.params[i]) in managed}
+    def _fsdp2_units(self, rows: SumRows) -> dict[int, tuple]:
+        """The DTensor params of ``rows`` that FSDP2 units of ``module`` manage (:func:`.fsdp2_units`)."""
+        return fsdp2_units(None if self._module is None else self._module(), rows.params, rows.sharded)
 
     def _hook(self) -> None:
         """Hooks on the params that require grad, adding to their rows of the sums: C++ hooks on
         plain params where the kernels build, Python ones otherwise and on DTensor params; FSDP2's
         params are watched through the plain tensors it unshards them into (:mod:`.gradient_stats_fsdp`)."""
-        fsdp2 = self._fsdp2_params(self._rows)
         hooked = [(i, row, p) for i, (row, p) in enumerate(zip(self._rows.rows, self._rows.params))
-                  if p.requires_grad and i not in fsdp2]
+                  if p.requires_grad and i not in self._fsdp2]
         self._hooks = self._plain_hooks([(row, p) for _, row, p in hooked if not sharding.is_dtensor(p)])
         self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
                         for i, row, p in hooked if sharding.is_dtensor(p)]
-        if fsdp2:
-            self._hooks.append(UnshardedGradHooks(self._module(), self._rows.params,
-                                                  {i: self._rows.plain_row(i) for i in fsdp2}, self._on_grad,
+        if self._fsdp2:
+            self._hooks.append(UnshardedGradHooks(self._fsdp2, self._rows.params, self._on_unsharded_grad,
                                                   lambda: self._world_size))
 
     def _plain_hooks(self, plain: list[tuple[int, Tensor]]) -> list:
@@ -165,8 +161,15 @@ class GradientStatistics(torch.optim.Optimizer):
         :meth:`_on_grad` of its grad's local tensor (the sum of the whole tensor is taken at the
         window's end, see :class:`.SumRows`)."""
         check_grad(i, param(), grad)
+        self._seen_in_window.add(i)
         with torch.no_grad():
             self._on_grad(row, grad.to_local())
+
+    def _on_unsharded_grad(self, i: int, grad: Tensor) -> None:
+        """The hook of FSDP2's unsharded param of DTensor param ``i``: :meth:`_on_grad` in its group's
+        row of whole tensors (pooled over the ranks)."""
+        self._seen_in_window.add(i)
+        self._on_grad(self._rows.plain_row(i), grad)
 
     @property
     def _backwards(self) -> int:
@@ -260,10 +263,12 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def _checked_world_size(self, world_size: int, rows: SumRows | None = None) -> int:
         """``world_size`` if it is a positive int that the params (of ``rows``, default this
-        optimizer's) allow (DTensor params: 1, see :class:`.SumRows`)."""
+        optimizer's) allow: 1 where DTensor params other than FSDP2's are measured (their mesh
+        holds one replica, see :class:`.SumRows`)."""
         world_size = positive_int("world_size", world_size)
+        fsdp2 = self._fsdp2 if rows is None else self._fsdp2_units(rows)
         rows = self._rows if rows is None else rows
-        if world_size > 1 and not self._fsdp2_params(rows) >= set(rows.sharded):
+        if world_size > 1 and not set(fsdp2) >= set(rows.sharded):
             raise ValueError(f"{self._name}: world_size={world_size} pools the micro-batches of several ranks, but "
                              f"params are DTensors; {SHARDED_PARAMS}")
         return world_size
@@ -282,8 +287,7 @@ class GradientStatistics(torch.optim.Optimizer):
         (see :meth:`_update`); returns the closure's loss. A step whose inner step raises leaves
         the averages and the window as they were (a step again takes the same window)."""
         loss = run_closure(closure)
-        if self._pending is None:
-            refuse_unseen_grads(self._name, self._rows, self._backwards)
+        refuse_unseen_grads(self._name, self._rows, self._seen_in_window)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
         before = self._pending, self._avg, self._last_loss_scale
@@ -322,8 +326,8 @@ class GradientStatistics(torch.optim.Optimizer):
             raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum is for unscaled losses: this one has "
                                "is_scaled_loss=True (the losses were divided by c already)")
         if self._backwards and self._pending is None:
-            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an accumulation window "
-                               f"({self._backwards} of {self._accum} backward passes); call it after the last one")
+            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an accumulation "
+                               f"window ({self._backwards} of {self._accum} backward passes); call it after the last one")
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         if grads:
             torch._foreach_div_(grads, float(self._accum))
@@ -352,6 +356,7 @@ class GradientStatistics(torch.optim.Optimizer):
     def _reset_window(self) -> None:
         self._local.zero_()
         self._counts[PASSES] = 0
+        self._seen_in_window.clear()
         self._pending = None
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
@@ -377,14 +382,16 @@ class GradientStatistics(torch.optim.Optimizer):
     def _end_window(self, at_backward_end: bool) -> Window:
         """The window's sums per group: the micro-batch sums pooled over ranks (the one all-reduce)
         and ``.grad``'s, both of whole tensors (DTensors' summed over their shards, in one
-        all-reduce: see :class:`.SumRows`), still carrying the loss scales (known only at ``step()``)."""
+        all-reduce: see :class:`.SumRows`), still carrying the loss scales (known only at ``step()``).
+        Under FSDP2 the pooling all-reduce also adds the tensor-parallel parts of each unsharded
+        param's sums (:mod:`.gradient_stats_fsdp`), so it runs with one data-parallel replica too."""
         c = self._backwards
         local = self._local.clone()
-        if self._world_size > 1:
+        if self._world_size > 1 or self._fsdp2:
             dist.all_reduce(local)
-        total = self._zeros()
+        total = self._zeros(self._params_device())  # (where the .grad are)
         self._rows.add_grad_sums(total)
-        local, total = self._rows.whole(local, total)
+        local, total = self._rows.whole(local, total.to(local.device))
         # Per group, in Python floats (double, as the tensors: the same results, without ~40 small ops).
         return Window(local.tolist(), total.tolist(), c, self._scale * min(c, self._accum) / self._accum,
                        at_backward_end)
@@ -396,11 +403,19 @@ class GradientStatistics(torch.optim.Optimizer):
                               world_size=self._world_size, is_scaled_loss=self._is_scaled_loss,
                               beta=self._smoothing, debias=self._debias_ewma)
 
-    def _zeros(self) -> Tensor:
+    def _zeros(self, device: torch.device | None = None) -> Tensor:
         """One float64 per row of the sums (per param group without DTensors, see
-        :class:`.SumRows`), on the params' device (so NCCL can all-reduce it)."""
-        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        :class:`.SumRows`), on ``device``, by default that of the micro-batch sums (so NCCL can
+        all-reduce them): FSDP2's compute device where its params are watched (their unsharded
+        grads are there, also where ``CPUOffloadPolicy`` keeps the shards on the CPU), else the
+        params'."""
+        if device is None:
+            device = sharding.mesh_device(self._rows.params[next(iter(self._fsdp2))].device_mesh) if self._fsdp2 \
+                else self._params_device()
         return torch.zeros(len(self._rows), dtype=torch.float64, device=device)
+
+    def _params_device(self) -> torch.device:
+        return next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
 
     # ---- optimizer API ---------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool | None = None) -> None:
@@ -422,7 +437,7 @@ class GradientStatistics(torch.optim.Optimizer):
             self._optimizer.param_groups.pop()
             raise
         self._avg = stats.with_new_group(self._avg)
-        self._rows = rows
+        self._rows, self._fsdp2 = rows, self._fsdp2_units(rows)
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -503,7 +518,12 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict:
         """For ``copy.deepcopy`` and pickle: everything but the hooks (torch's ``Optimizer`` would
-        give the inner optimizer's keys only, and no copy could be made)."""
+        give the inner optimizer's keys only, and no copy could be made). One that watches FSDP2's
+        params is not copied: the copy's params would be copies, which no FSDP2 unit unshards."""
+        if self._fsdp2:
+            raise TypeError(f"{self._name} given module= watches the params of the model's FSDP2 units, and a copy "
+                            "would hold copies of them, which no unit unshards; save its state_dict() and load it "
+                            f"into a {self._name} made over the model's optimizer with module=model")
         return {**self.__dict__, "_hooks": [], "_module": None}
 
     def __setstate__(self, state: dict) -> None:

@@ -46,27 +46,37 @@ def fsdp2_modules(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
 
 
-class UnshardedGradHooks:
-    """Hooks the unsharded params of ``params[i]`` for each ``i`` in ``rows`` (the DTensor params
-    that ``module``'s FSDP2 units manage): ``on_grad(rows[i], grad)`` runs with each of their
-    micro-batch gradients (``world_size()``: the replicas the statistics pool, checked against
-    tensor parallelism under FSDP2). :meth:`remove` removes every hook registered so far."""
+def fsdp2_units(module: torch.nn.Module | None, params: list[Tensor], indices: list[int]) -> dict[int, tuple]:
+    """``{i: (unit, name)}`` for each ``params[i]``, ``i`` in ``indices``, that an FSDP2 unit of
+    ``module`` manages: its innermost unit and its name there. Found by identity with the unit's
+    params, so only while the units hold their shards (not between a forward and its backward
+    under ``reshard_after_forward=False``: such params are refused at the step, see
+    :func:`.gradient_stats_rows.refuse_unseen_grads`)."""
+    if module is None or not indices:
+        return {}
+    index = {id(params[i]): i for i in indices}
+    unit_of: dict[int, tuple[torch.nn.Module, str]] = {}
+    for unit in fsdp2_modules(module):  # (parents before children: a nested unit's claim wins)
+        for name, p in unit.named_parameters():
+            if id(p) in index:
+                unit_of[index[id(p)]] = unit, name
+    return unit_of
 
-    def __init__(self, module: torch.nn.Module, params: list[Tensor], rows: dict[int, int],
-                 on_grad: Callable[[int, Tensor], None], world_size: Callable[[], int]):
-        index = {id(params[i]): i for i in rows}
-        unit_of: dict[int, tuple[torch.nn.Module, str]] = {}  # param index -> (its innermost unit, name there)
-        for unit in fsdp2_modules(module):  # (parents before children: a nested unit's claim wins)
-            for name, p in unit.named_parameters():
-                if id(p) in index:
-                    unit_of[index[id(p)]] = unit, name
-        self.watched = set(unit_of)
+
+class UnshardedGradHooks:
+    """Hooks the unsharded params of ``params[i]`` for each ``i`` of ``units`` (see
+    :func:`fsdp2_units`): ``on_grad(i, grad)`` runs with each of their micro-batch gradients
+    (``world_size()``: the replicas the statistics pool, checked against tensor parallelism under
+    FSDP2). :meth:`remove` removes every hook registered so far."""
+
+    def __init__(self, units: dict[int, tuple], params: list[Tensor], on_grad: Callable[[int, Tensor], None],
+                 world_size: Callable[[], int]):
         self.handles: list = []
-        self._rows, self._on_grad, self._world_size = rows, on_grad, world_size
-        self._params = {i: weakref.ref(params[i]) for i in self.watched}
+        self._on_grad, self._world_size = on_grad, world_size
+        self._params = {i: weakref.ref(params[i]) for i in units}
         self._seen: dict[int, weakref.ref] = {}  # the unsharded params hooked, by id
-        for unit in {id(u): u for u, _ in unit_of.values()}.values():
-            owned = [(name, i) for i, (u, name) in unit_of.items() if u is unit]
+        for unit in {id(u): u for u, _ in units.values()}.values():
+            owned = [(name, i) for i, (u, name) in units.items() if u is unit]
             self.handles.append(unit.register_forward_pre_hook(self._pre_forward(owned)))
 
     def remove(self) -> None:
@@ -82,7 +92,7 @@ class UnshardedGradHooks:
                 if (seen is not None and seen() is t) or not t.requires_grad or t is self._params[i]():
                     continue  # (hooked already; frozen; or the shard itself: not unsharded here)
                 on_grad = self._tensor_parallel(i, t) if sharding.is_dtensor(t) else \
-                    functools.partial(self._on_grad, self._rows[i])
+                    functools.partial(self._on_grad, i)
                 self._seen[id(t)] = weakref.ref(t)
                 self.handles.append(t.register_hook(on_grad))
         return hook
@@ -97,14 +107,13 @@ class UnshardedGradHooks:
         self._check_replicas(t)
         mesh = t.device_mesh
         copy = any(pl.is_replicate() and mesh.get_local_rank(d) != 0 for d, pl in enumerate(t.placements))
-        row = self._rows[i]
 
         def on_grad(grad: Tensor) -> None:
             why = sharding.grad_mismatch(t, grad)
             if why is not None:
                 raise RuntimeError(f"gradient statistics: the unsharded param {i} {why}")
             local = grad.to_local()
-            self._on_grad(row, local.reshape(-1)[:0] if copy else local)
+            self._on_grad(i, local.reshape(-1)[:0] if copy else local)
         return on_grad
 
     def _check_replicas(self, t: Tensor) -> None:

@@ -114,10 +114,15 @@ def check_grad(i: int, p: Tensor, grad: Tensor) -> None:
         raise RuntimeError(f"gradient statistics: param {i} {why}")
 
 
-def refuse_unseen_grads(who: str, rows: SumRows, backwards: int) -> None:
-    """Raises where DTensor params have grads but no backward pass of the window reached the
-    hooks: the grads were set without autograd reaching the params (FSDP2 sets them after its
-    reduce-scatter), and the statistics cannot be measured."""
-    if backwards == 0 and any(rows.params[i].grad is not None for i in rows.sharded):
-        raise RuntimeError(f"{who}.step: DTensor params have gradients, but no backward pass of this window reached "
-                           f"their gradient hooks; {SHARDED_PARAMS}")
+def refuse_unseen_grads(who: str, rows: SumRows, seen: set[int]) -> None:
+    """Raises where DTensor params have grads that no gradient hook of the window saw (``seen``:
+    the indices of those it saw): the grads were set without autograd reaching the params or
+    their unsharded tensors (FSDP2 sets them after its reduce-scatter; its units held unsharded
+    params when the statistics were made, or a param was used outside its unit's forward), and
+    their micro-batch norms would be missing from the variance."""
+    unseen = [i for i in rows.sharded if rows.params[i].grad is not None and i not in seen]
+    if unseen:
+        raise RuntimeError(
+            f"{who}.step: DTensor params {unseen} (in the order of the param groups) have gradients, but no gradient "
+            f"hook saw them in this window's backward passes; {SHARDED_PARAMS} (while its FSDP2 units hold their "
+            "shards: before the first forward, or after model.reshard())")

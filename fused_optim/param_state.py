@@ -209,12 +209,13 @@ def _check_step(step, where: str) -> None:
 def _check_sharding(codes: Tensor, param: Tensor | None, st: dict, key: str, where: str) -> None:
     """8-bit codes go to a param sharded as when they were made (see :func:`check_loaded`)."""
     if sharding.is_dtensor(param):
-        # (without a layout: codes of the whole tensor, which a full state dict's load distributes)
+        # (codes of the whole tensor: a plain tensor, or one a full state dict's load distributed)
         if not sharding.is_dtensor(codes) or sharded_blocks.LAYOUT_KEY not in st:
-            raise ValueError(f"the loaded state of {where} has 8-bit {key!r} of the whole tensor, but the param is "
-                             "sharded (a DTensor), whose codes are blocked per shard; load it into the unsharded "
-                             "model, or resume the sharded one from a checkpoint saved with state_dtype="
-                             "torch.bfloat16 or None")
+            raise ValueError(f"the loaded state of {where} has 8-bit {key!r} without the {sharded_blocks.LAYOUT_KEY!r} "
+                             "that codes blocked per shard come with (codes of the whole tensor, as an unsharded or "
+                             "full state dict holds them), but the param is sharded (a DTensor), whose codes are "
+                             "blocked per shard; load it into the unsharded model, or resume the sharded one from its "
+                             "own sharded checkpoint or from one saved with state_dtype=torch.bfloat16 or None")
         sharded_blocks.check_layout(st[sharded_blocks.LAYOUT_KEY], param, key, where)
     elif sharding.is_dtensor(codes) or sharded_blocks.LAYOUT_KEY in st:
         raise ValueError(f"the loaded state of {where} has 8-bit {key!r} saved from a sharded param (blocked per "

@@ -15,9 +15,10 @@ Where each shard's elements start and end defines its blocks, so the codes of on
 nothing under another. ``state["block_layout"]`` (int64 [S, B, h], h a hash of the param's shape,
 the mesh's shape and the placements; the same on every rank) records the sharding the codes
 were made under, and loading them for a param sharded otherwise is refused (:func:`check_layout`;
-``torch.distributed.checkpoint`` already refuses another [S, B] by its own size check). Where the shards' bounds
-are multiples of 256 (every shard's element count is), the blocks are those of the whole tensor
-and the sharded step equals the unsharded one bit for bit.
+``torch.distributed.checkpoint`` already refuses another [S, B] by its own size check). Where each
+shard is one range of the whole tensor's elements (rows: ``Shard(0)``) whose bounds are multiples
+of 256, its blocks are those of the whole tensor and the sharded step equals the unsharded one bit
+for bit; shards of columns hold elements of many whole-tensor blocks, and match per shard only.
 """
 
 from __future__ import annotations

@@ -127,12 +127,21 @@ def sharded_dims(p: Tensor) -> list[int]:
     return [d for d, pl in enumerate(p.placements) if shards(pl)]
 
 
+def mesh_device(mesh) -> torch.device:
+    """The device a mesh's collectives run on for this rank (its accelerator's current one): a
+    param's local tensor may live elsewhere (FSDP2's ``CPUOffloadPolicy`` keeps shards on the CPU
+    of a CUDA mesh, whose NCCL group takes CUDA tensors only)."""
+    kind = mesh.device_type
+    return torch.device(kind) if kind == "cpu" else torch.device(kind, torch.get_device_module(kind).current_device())
+
+
 def all_reduce_rows(sums: Tensor, params: list[Tensor]) -> None:
     """``sums[t]`` (row t: local sums of squares over param t's local tensor) becomes the sums of
     the whole tensor: for each mesh dimension, one all-reduce of the rows of the params it shards
-    (over that dimension's process group). Plain tensors and replicas keep their rows; a
-    dimension that only replicates a param is not summed (its copies are equal). With every param
-    sharded on one mesh dimension (FSDP2) that is one all-reduce of the whole buffer."""
+    (over that dimension's process group, on the mesh's device: :func:`mesh_device`). Plain
+    tensors and replicas keep their rows; a dimension that only replicates a param is not summed
+    (its copies are equal). With every param sharded on one mesh dimension (FSDP2) that is one
+    all-reduce of the whole buffer."""
     import torch.distributed as dist  # (only a DTensor's step gets here: distributed is available)
 
     by_group: dict[tuple, list[int]] = {}
@@ -140,14 +149,13 @@ def all_reduce_rows(sums: Tensor, params: list[Tensor]) -> None:
         for d in sharded_dims(p):
             by_group.setdefault((p.device_mesh, d), []).append(t)
     for (mesh, d), rows in by_group.items():
-        group = mesh.get_group(d)
-        if len(rows) == sums.shape[0]:
-            dist.all_reduce(sums, group=group)
-            continue
-        index = torch.tensor(rows, device=sums.device)
-        part = sums.index_select(0, index)
-        dist.all_reduce(part, group=group)
-        sums.index_copy_(0, index, part)
+        index = None if len(rows) == sums.shape[0] else torch.tensor(rows, device=sums.device)
+        part = (sums if index is None else sums.index_select(0, index)).to(mesh_device(mesh))
+        dist.all_reduce(part, group=mesh.get_group(d))
+        if index is None:
+            sums.copy_(part)  # (part is sums where the devices agree)
+        else:
+            sums.index_copy_(0, index, part.to(sums.device))
 
 
 def run_layerwise(op, lists: tuple, params: list[Tensor], kwargs: dict) -> None:

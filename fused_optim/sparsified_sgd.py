@@ -39,8 +39,9 @@ class SparsifiedSGD(FusedOptimizer):
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
     same coordinates. DTensor params (FSDP2's, tensor parallelism's, both) step as their whole
     tensors: every rank draws the whole tensor's coordinates (the generator's state is broadcast
-    from rank 0 when the optimizer is made) and each shard applies those in its box. Where the reference fails, a k
-    larger than a param sends all of its coordinates (the reference's draws raise): k is one budget for every tensor of a model, whose
+    from rank 0 when a group with DTensor params is added) and each shard applies those in its
+    box. Where the reference fails, a k larger than a param sends all of its coordinates (the
+    reference's draws raise): k is one budget for every tensor of a model, whose
     biases may be smaller than k next to weights far larger, so an error would force a param group
     per tensor size; and an empty param sends nothing and draws nothing from the generator (the
     reference divides by zero). The averaging keeps the reference's τ = D/k also for k > D.
@@ -72,16 +73,17 @@ class SparsifiedSGD(FusedOptimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, sparse_grad_size=sparse_grad_size,
                         random_sparse=random_sparse)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
-        self._share_generator()
 
-    def _share_generator(self) -> None:
-        """With DTensor params, every rank must draw the same coordinates: the generator's state
-        is broadcast from rank 0 (a collective: every rank makes the optimizer, as with FSDP2)."""
-        dtensors = [p for g in self.param_groups for p in g["params"] if sharding.is_dtensor(p)]
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, and where the group holds DTensor params, every rank must draw the same
+        coordinates from then on: the generator's state is broadcast from rank 0 (a collective:
+        every rank makes the optimizer and adds the group, as with FSDP2)."""
+        super().add_param_group(param_group)
+        dtensors = [p for p in self.param_groups[-1]["params"] if sharding.is_dtensor(p)]
         if dtensors:
             import torch.distributed as dist
 
-            state = self.generator.get_state().to(dtensors[0].device)
+            state = self.generator.get_state().to(sharding.mesh_device(dtensors[0].device_mesh))
             dist.broadcast(state, src=0)
             self.generator.set_state(state.cpu())
 

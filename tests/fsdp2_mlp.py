@@ -8,6 +8,8 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from fused_optim import sharding
+
 
 def make_mlp(seed: int, dtype: torch.dtype, mesh=None, **shard_options) -> torch.nn.Module:
     """The MLP (values from ``seed``, in ``dtype``), under ``fully_shard(..., mesh=mesh,
@@ -36,8 +38,11 @@ def train(model: torch.nn.Module, opt, steps: range, dtype: torch.dtype) -> None
 
 
 def whole(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole tensor (``full_tensor()``, a collective), else a copy."""
-    return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
+    """A DTensor's whole tensor (``full_tensor()``, a collective, on the mesh's device: an offloaded
+    shard's CPU tensor would not pass NCCL), else a copy; on the CPU."""
+    if isinstance(t, DTensor):
+        return t.to(sharding.mesh_device(t.device_mesh)).full_tensor().cpu()
+    return t.detach().cpu().clone()
 
 
 def record(model, opt) -> dict:

@@ -10,10 +10,11 @@ the budget; a step the budget no longer reaches is reported NOT RUN):
    minimal extension's, then fused_optim's CPU and CUDA ops'); a crash here is the toolchain's.
 4. tests: ``pytest -m cuda -k "not refused" tests/emulation/test_cuda.py
    tests/emulation/test_compact_cuda.py tests/emulation/test_norm_sums_phases_cuda.py
-   tests/core/test_unscaled_grads.py``: the GPU backend of the CUDA op tests (every op in four
-   dtypes, multi-launch sizes, misaligned storage, found_inf, master weights, every registered
-   optimizer's trajectory vs the CPU kernels, GradScaler and the unscaled grads it leaves, CUDA
-   graph capture and replay of a step, the layer-wise ops' two calls of a sharded step, ...);
+   tests/core/test_unscaled_grads.py tests/distributed/test_cpu_offload.py``: the GPU backend of
+   the CUDA op tests (every op in four dtypes, multi-launch sizes, misaligned storage, found_inf,
+   master weights, every registered optimizer's trajectory vs the CPU kernels, GradScaler and the
+   unscaled grads it leaves, CUDA graph capture and replay of a step, the layer-wise ops' two calls
+   of a sharded step, ...) and FSDP2's CPU offload on a one-GPU NCCL mesh;
    refusals: the same files' ``-k refused`` tests (bad arguments raise and write nothing), apart,
    so that a crash in them cannot hide the others' results.
 5. compile: ``torch.compile(fullgraph=True)`` of a FusedSGD and a FusedAdam step == eager.
@@ -52,7 +53,8 @@ STEPS_SCRIPT = str(REPO / "tools" / "gpu_steps.py")
 SOURCES = ("pyproject.toml", "README.md", "csrc", "fused_optim", "lightning_optim", "mmengine_optim")
 CUDA_TEST_FILES = [*(str(REPO / "tests" / "emulation" / name)
                      for name in ("test_cuda.py", "test_compact_cuda.py", "test_norm_sums_phases_cuda.py")),
-                   str(REPO / "tests" / "core" / "test_unscaled_grads.py")]
+                   str(REPO / "tests" / "core" / "test_unscaled_grads.py"),
+                   str(REPO / "tests" / "distributed" / "test_cpu_offload.py")]
 DRY_RUN_TESTS = ["-m", "not cuda", "-k", "emulated and found_inf"]  # a few seconds of emulated tests
 DRY_RUN_REFUSALS = ["-m", "not cuda", "-k", "emulated and sums_only_without_norm_sums"]  # 4 of them
 TAIL_LINES = 40

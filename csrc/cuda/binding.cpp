@@ -120,6 +120,12 @@ class Scalars {
 // step copies back the values they had: a write, not a change).
 bool scaled(const OptTensor& grad_scale) { return grad_scale.has_value() && grad_scale->defined(); }
 
+// Whether found_inf skips the step, read on the host (a sync: for the host's own work only, which
+// the kernels' device-side skip cannot stop).
+bool skipped_on_host(const OptTensor& found_inf) {
+  return found_inf.has_value() && found_inf->defined() && found_inf->item<double>() != 0.0;
+}
+
 void finish_grads(const ContiguousTensors& grads, const OptTensor& grad_scale) {
   if (scaled(grad_scale)) grads.copy_back();
 }
@@ -207,8 +213,7 @@ class CompactCall {
   // After the launches: every key advanced by one, unless found_inf skipped the step (read on the
   // host: with stochastic rounding a device found_inf costs a sync).
   void finish(const OptTensor& found_inf) const {
-    if (!args_.stochastic()) return;
-    if (found_inf.has_value() && found_inf->defined() && found_inf->item<double>() != 0.0) return;
+    if (!args_.stochastic() || skipped_on_host(found_inf)) return;
     advance_keys(args_);
   }
 
@@ -368,7 +373,8 @@ void sparsified_sgd_cuda(at::TensorList params, at::TensorList grads_in, at::Ten
                          c10::IntArrayRef whole_shapes, c10::IntArrayRef box_offsets, const OptTensor& lr_tensor,
                          const OptTensor& grad_scale, const OptTensor& found_inf) {
   const char* op = "sparsified_sgd_";
-  if (params.empty()) return;
+  // (a skipped step draws nothing, as on the CPU: the generator's next draws are the next step's)
+  if (params.empty() || skipped_on_host(found_inf)) return;
   TORCH_CHECK(sparse_grad_size > 0, "fused_optim::sparsified_sgd_: sparse_grad_size must be > 0");
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);

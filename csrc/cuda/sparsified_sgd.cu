@@ -1,7 +1,8 @@
 // fused_optim::sparsified_sgd_ on CUDA (the CPU twin: csrc/cpu/sparsified_sgd.cpp). Per tensor:
 //   memory <- memory + lr*g/grad_scale ; p <- p - weight_decay*p   (every element, one launch for all)
 //   p[i] <- p[i] - memory[i] ; memory[i] <- 0                     (its k indices, one launch each)
-// The binding draws the indices on the host; both launches are skipped when found_inf is set.
+// The binding draws the indices on the host, and returns before drawing when found_inf is set (read
+// on the host); the launches also skip on the device (skip_step).
 // With master weights, p is the fp32 master and each launch writes the params it changes as their
 // masters rounded (one pass over the fp16/bf16 grads, no fp32 copy).
 #include <algorithm>

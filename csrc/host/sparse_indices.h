@@ -56,18 +56,18 @@ inline std::vector<at::Tensor> draw_sparse_indices(at::TensorList params, int64_
   TORCH_CHECK(whole_shapes.size() == box_offsets.size() && (!shards || whole_shapes.size() == dims),
               "fused_optim::sparsified_sgd_: whole_shapes and box_offsets need one entry per dimension of each "
               "param, or none (", whole_shapes.size(), " and ", box_offsets.size(), " for ", dims, " dimensions)");
-  for (size_t t = 0, at = 0; shards && t < params.size(); at += static_cast<size_t>(params[t].dim()), ++t) {
+  for (size_t t = 0, first = 0; shards && t < params.size(); first += static_cast<size_t>(params[t].dim()), ++t) {
     for (int64_t d = 0; d < params[t].dim(); ++d) {  // (checked before anything is drawn or written)
-      const int64_t o = box_offsets[at + d], n = params[t].size(d), w = whole_shapes[at + d];
+      const int64_t o = box_offsets[first + d], n = params[t].size(d), w = whole_shapes[first + d];
       TORCH_CHECK(o >= 0 && o + n <= w, "fused_optim::sparsified_sgd_: param ", t, " (", params[t].sizes(),
-                  ") at box_offsets ", box_offsets.slice(at, params[t].dim()), " does not lie in its whole tensor ",
-                  whole_shapes.slice(at, params[t].dim()));
+                  ") at box_offsets ", box_offsets.slice(first, params[t].dim()), " does not lie in its whole tensor ",
+                  whole_shapes.slice(first, params[t].dim()));
     }
   }
   const auto longs = at::TensorOptions().dtype(at::kLong);
   std::vector<at::Tensor> indices;
-  for (size_t t = 0, at = 0; t < params.size(); at += static_cast<size_t>(params[t].dim()), ++t) {
-    const auto whole = shards ? whole_shapes.slice(at, params[t].dim()) : params[t].sizes();
+  for (size_t t = 0, first = 0; t < params.size(); first += static_cast<size_t>(params[t].dim()), ++t) {
+    const auto whole = shards ? whole_shapes.slice(first, params[t].dim()) : params[t].sizes();
     const int64_t d = c10::multiply_integers(whole);
     const int64_t kd = std::min(k, d);  // k >= d sends every coordinate
     at::Tensor index;
@@ -79,7 +79,7 @@ inline std::vector<at::Tensor> draw_sparse_indices(at::TensorList params, int64_
       const int64_t start = at::randint((d + kd - 1) / kd, {1}, generator, longs).item<int64_t>() * kd;
       index = at::arange(start, std::min(start + kd, d), at::kLong);
     }
-    indices.push_back(shards ? indices_in_box(index, params[t], whole, box_offsets.slice(at, params[t].dim()))
+    indices.push_back(shards ? indices_in_box(index, params[t], whole, box_offsets.slice(first, params[t].dim()))
                              : index);
   }
   return indices;

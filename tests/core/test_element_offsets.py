@@ -13,6 +13,7 @@ reference, for bf16 state rounded stochastically and for bf16 params rounded sto
 import pytest
 import torch
 
+from fused_optim import _build
 from fused_optim.specs import SPECS
 from test_state_dtype import _args, _clone
 from test_unscaled_grads import IMPLEMENTATIONS, run_op
@@ -124,10 +125,40 @@ def test_sparsified_shards_apply_the_whole_tensors_coordinates(implementation, r
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_sparsified_shard_outside_its_whole_tensor_is_refused_before_any_write(implementation):
-    args = [[torch.ones(10), torch.ones(4, 5)] for _ in range(3)] + [[]]
+    """On a GPU the tensors are made there and the op called directly: run_op copies results back
+    only when the op returns."""
+    device = "cuda" if implementation == "gpu" else "cpu"
+    args = [[torch.ones(10, device=device), torch.ones(4, 5, device=device)] for _ in range(3)] + [[]]
+    kwargs = dict(lr=0.1, weight_decay=0.1, sparse_grad_size=3, random_sparse=True, whole_shapes=[10, 4, 7],
+                  box_offsets=[0, 0, 3])
     with pytest.raises((RuntimeError, ValueError), match=r"param 1 \(\[4, 5\]\) at box_offsets \[0, 3\] does not "
                                                          r"lie in its whole tensor \[4, 7\]"):
-        run_op("sparsified_sgd_", implementation, args, dict(lr=0.1, weight_decay=0.1, sparse_grad_size=3,
-                                                             random_sparse=True, whole_shapes=[10, 4, 7],
-                                                             box_offsets=[0, 0, 3]))
+        if implementation == "gpu":
+            _build.load("cuda")
+            torch.ops.fused_optim.sparsified_sgd_(*args, **kwargs)
+        else:
+            run_op("sparsified_sgd_", implementation, args, kwargs)
+    assert all(bool((t == 1).all()) for lst in args[:3] for t in lst)
+
+
+@pytest.mark.parametrize("implementation", ["cpu", "emulated_cuda", "reference"])
+def test_a_skipped_sparsified_step_draws_no_coordinates(implementation):
+    """An AMP step skipped for an overflow (found_inf) changes nothing, the generator included: the
+    next step draws what it would have drawn without the skipped one, on every implementation
+    (the CUDA binding reads found_inf before its host draw). The generator itself is passed here
+    (run_op would pass a fresh copy)."""
+    generator = torch.Generator().manual_seed(11)
+    before = generator.get_state()
+    args = [[torch.ones(100)] for _ in range(3)] + [[]]
+    kwargs = dict(lr=0.1, weight_decay=0.0, sparse_grad_size=3, random_sparse=True, generator=generator,
+                  grad_scale=torch.tensor(1024.0), found_inf=torch.tensor(1.0))
+    if implementation == "reference":
+        SPECS["sparsified_sgd_"].run_reference(*args, **kwargs)
+    elif implementation == "cpu":
+        _build.load("cpu")
+        torch.ops.fused_optim.sparsified_sgd_(*args, **kwargs)
+    else:
+        _build.load_emulated_cuda()
+        torch.ops.fused_optim_emulated_cuda.sparsified_sgd_(*args, **kwargs)
+    assert torch.equal(generator.get_state(), before)
     assert all(bool((t == 1).all()) for lst in args[:3] for t in lst)

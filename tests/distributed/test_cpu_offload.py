@@ -12,7 +12,9 @@ the compute device before the all-gather) gives our optimizers DTensors they ste
 
 ``CPUOffloadPolicy()`` pins its host memory by default, which needs an accelerator: on a machine
 without one ``fully_shard`` raises at once (docs/sharding.md quotes the error), and
-``CPUOffloadPolicy(pin_memory=False)`` is the policy that runs.
+``CPUOffloadPolicy(pin_memory=False)`` is the policy that runs. Beside a GPU (``make check-gpu``)
+the fp32 cases also run on a one-GPU NCCL mesh, where the shards sit on the CPU of a CUDA mesh.
+AdaScale given the model is one more case: its gains are the resident run's too.
 """
 
 from __future__ import annotations
@@ -28,18 +30,22 @@ from utils import WORKERS
 PINNED_ERROR = "Cannot access accelerator device when none is available"
 
 
+def launch(out: Path, world: int, device: str) -> list[dict]:
+    run_ranks(WORKERS / "offload_worker.py", lambda r: (r, world, out, device), world, out)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out: Path = tmp_path_factory.mktemp("offload")
-    run_ranks(WORKERS / "offload_worker.py", lambda r: (r, 2, out), 2, out)
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return launch(tmp_path_factory.mktemp("offload"), 2, "cpu")
 
 
-@pytest.mark.slow
-def test_offloaded_params_step_fused_as_resident_ones(ranks):
+def judge(ranks: list[dict], cases: int, same) -> None:
+    """Every case ran fused, offloaded (params, grads and state on the CPU, state DTensors), and
+    ``same(offloaded, resident, what)`` holds for each param, state tensor and AdaScale gain."""
     for r, result in enumerate(ranks):
         assert not result["errors"], f"rank {r}: " + "\n".join(f"{c}: {m}" for c, m in result["errors"].items())
-        assert len(result["runs"]) == 8
+        assert len(result["runs"]) == cases
         for case, run in result["runs"].items():
             what = f"rank {r}, {case}"
             stepped_by = run["offloaded"]["implementation"]
@@ -48,11 +54,41 @@ def test_offloaded_params_step_fused_as_resident_ones(ranks):
             assert run["devices"] == ["cpu"], f"{what}: offloaded tensors on {run['devices']}"
             assert run["dtensor_state"], f"{what}: state of offloaded params is not sharded like them"
             offloaded, resident = run["offloaded"], run["resident"]
+            if "gains" in resident:
+                assert min(resident["gains"]) > 1.0, f"{what}: {resident['gains']}"  # (it measured something)
+                same(torch.tensor(offloaded["gains"]), torch.tensor(resident["gains"]), f"{what}: gains")
             for fqn, value in resident["params"].items():
                 assert offloaded["params"][fqn].dtype == value.dtype, f"{what}: {fqn} dtype"
-                assert torch.equal(offloaded["params"][fqn], value), f"{what}: {fqn} differs from the resident run's"
+                same(offloaded["params"][fqn], value, f"{what}: {fqn}")
                 for key, state in resident["state"][fqn].items():
-                    assert torch.equal(offloaded["state"][fqn][key], state), f"{what}: state {key!r} of {fqn} differs"
+                    same(offloaded["state"][fqn][key], state, f"{what}: state {key!r} of {fqn}")
+
+
+def bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert torch.equal(a, b), f"{what} differs from the resident run's"
+
+
+@pytest.mark.slow
+def test_offloaded_params_step_fused_as_resident_ones(ranks):
+    judge(ranks, 9, bitwise)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+def test_offloaded_params_of_a_gpu_mesh_step_on_the_cpu_as_resident_ones_on_the_gpu(tmp_path):
+    """One GPU, NCCL only, ``CPUOffloadPolicy()``, the worker's fp32 cases: the offloaded run's CPU
+    kernels against the resident run's CUDA kernels, the forward and backward on the GPU in both.
+    Their updates differ in fused multiply-adds and, for LAMB's trust ratios and AdaScale's
+    ``.grad`` sums, in the summation order: about 1 ulp per step (the bound of
+    tests/emulation/test_cuda.py's trajectories); 3 steps here: 4 ulps of fp32 of the values'
+    scale (≤ 1). The float64 gains: the sums' relative difference (n·2⁻⁵³, n < 300 squares)
+    moves them by less than 1e-12."""
+    limits = {torch.float32: 4 * torch.finfo(torch.float32).eps, torch.float64: 1e-12}
+
+    def close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+        limit = limits[a.dtype]
+        torch.testing.assert_close(a, b, rtol=limit, atol=limit, msg=lambda m: f"{what}: {m}")
+    judge(launch(tmp_path, 1, "cuda"), 4, close)
 
 
 @pytest.mark.slow

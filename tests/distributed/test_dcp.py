@@ -124,7 +124,9 @@ def test_8bit_state_resumes_on_its_shards_only(runs):
                 assert "fused_adam/state_8bit" not in result["runs"]
             assert "Size mismatch between saved torch.Size([10, 6, 1]) and current: torch.Size([10, 6])" \
                 in refused["8bit/dcp.load"], (r, refused)
-            assert "8-bit 'exp_avg' of the whole tensor, but the param is sharded" in refused["8bit/full_state_dict"], \
+            assert "8-bit 'exp_avg' without the 'block_layout' that codes blocked per shard come with (codes of the " \
+                "whole tensor, as an unsharded or full state dict holds them), but the param is sharded" \
+                in refused["8bit/full_state_dict"], \
                 (r, refused)
 
 

@@ -36,7 +36,9 @@ REFUSED = {"fused_adam/state_8bit/fused=False": "is a DTensor with state_dtype='
                                                  "shard and stepped by the fused kernels only",
            "fused_adam/state_8bit/load_as_Shard(1)": "8-bit codes are blocked per shard and cannot be resharded",
            "fused_adam/state_8bit/load_whole": "saved from a sharded param (blocked per shard), but the param is a "
-                                               "whole tensor"}
+                                               "whole tensor",
+           "fused_adam/state_8bit/load_without_layout": "has 8-bit 'exp_avg' without the 'block_layout' that codes "
+                                                        "blocked per shard come with"}
 
 
 def launch(world: int, tmp: Path) -> list[dict]:

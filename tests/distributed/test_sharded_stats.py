@@ -195,6 +195,18 @@ def test_statistics_under_fsdp2_over_tensor_parallelism_equal_the_whole_tensors(
 
 
 @pytest.mark.slow
+def test_fsdp2_over_tensor_parallelism_with_one_data_parallel_replica(ranks, worker):
+    """A 1 × 2 mesh, N = 1: the window's all-reduce still adds the tensor-parallel parts of each
+    whole tensor's sums (a rank's own part alone would give each rank other statistics)."""
+    for result in ranks:
+        run = result["fsdp2_tensor_parallel"]["adascale"]
+        assert run["implementation"] == "fused" and run["world_size"] == 1
+        reference = [{**record["reference"], "passes": worker.ACCUM} for record in run["records"]]
+        check_window_statistics(worker, run["records"], reference, ("gain", "gains"), 1, "fsdp2 over tp, N = 1",
+                                ranks=2)
+
+
+@pytest.mark.slow
 def test_fsdp2_over_tensor_parallelism_checks_the_world_size(ranks):
     """N is the number of data-parallel replicas: the ranks / the tensor-parallel mesh's size."""
     for result in ranks:
@@ -207,12 +219,20 @@ def test_fsdp2_over_tensor_parallelism_checks_the_world_size(ranks):
 def test_fsdp2_without_the_model_and_several_replicas_are_refused_with_the_reason(ranks):
     for result in ranks:
         refusals = result["refusals"]
-        assert refusals["fsdp2"].startswith("RuntimeError: AdaScale.step: DTensor params have gradients, but no "
-                                            "backward pass of this window reached their gradient hooks")
+        unseen = "have gradients, but no gradient hook saw them in this window's backward passes"
+        assert refusals["fsdp2"].startswith(f"RuntimeError: AdaScale.step: DTensor params [0, 1, 2, 3] (in the order "
+                                            f"of the param groups) {unseen}")
+        # the plain (ignored) last bias counted the passes; the DTensor params 0, 1, 2 were not seen
+        assert refusals["fsdp2_unsharded_when_made"].startswith(
+            f"RuntimeError: AdaScale.step: DTensor params [0, 1, 2] (in the order of the param groups) {unseen}")
+        assert "after model.reshard()" in refusals["fsdp2_unsharded_when_made"]
+        assert refusals["copy_watching_fsdp2"].startswith(
+            "TypeError: AdaScale given module= watches the params of the model's FSDP2 units, and a copy would hold "
+            "copies of them")
         assert refusals["world_size"].startswith("ValueError: NoiseScale: world_size=2 pools the micro-batches")
         assert refusals["no_accumulation"].startswith("RuntimeError: AdaScale needs world_size * "
                                                       "num_gradients_to_accumulate > 1")
-        for message in refusals.values():
+        for message in (m for case, m in refusals.items() if case != "copy_watching_fsdp2"):
             assert "for FSDP2 (fully_shard), on the plain tensors it unshards them into: pass the sharded " \
                    "model, e.g. AdaScale(optimizer, module=model)" in message
 

@@ -1,17 +1,22 @@
-"""Subprocess side of tests/distributed/test_cpu_offload.py: one gloo rank training FSDP2 models
-with ``CPUOffloadPolicy`` and our CPU optimizers.
+"""Subprocess side of tests/distributed/test_cpu_offload.py: one rank training FSDP2 models with
+``CPUOffloadPolicy`` and our CPU optimizers.
 
-    offload_worker.py RANK WORLD OUT_DIR      (all ranks at once; they meet through OUT_DIR/store)
+    offload_worker.py RANK WORLD OUT_DIR [DEVICE]   (all ranks at once; they meet through OUT_DIR/store)
+
+DEVICE is the mesh's: ``cpu`` (default; gloo, ``CPUOffloadPolicy(pin_memory=False)``) or ``cuda``
+(NCCL only, one GPU per rank, ``CPUOffloadPolicy()``: the shards on the CPU of a CUDA mesh, whose
+group takes CUDA tensors only, so the optimizers' collectives must run on the GPU).
 
 Every case trains the MLP of tests/fsdp2_mlp.py twice from the same values: under
-``fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=False))`` and under plain
-``fully_shard``, with the same optimizer, and records both. On a machine without an accelerator
-it also records what ``CPUOffloadPolicy()`` (``pin_memory=True``, its default) raises.
+``fully_shard(..., offload_policy=...)`` and under plain ``fully_shard``, with the same optimizer,
+and records both; AdaScale given the model (``adascale/fused_adam``, two micro-batches a step) also
+its gains. On a machine without an accelerator it also records what ``CPUOffloadPolicy()``
+(``pin_memory=True``, its default) raises.
 
 Saved to OUT_DIR/rank<r>.pt for the test to judge: ``{"runs": {case: {"offloaded", "resident":
-fsdp2_mlp.record(...), "devices": sorted device types of the offloaded params, grads and state,
-"dtensor_state": whether every non-scalar state tensor is a DTensor, "warnings"}}, "errors":
-{case: message}, "pinned_error": message or None}``.
+fsdp2_mlp.record(...) (and "gains"), "devices": sorted device types of the offloaded params, grads
+and state, "dtensor_state": whether every non-scalar state tensor is a DTensor, "warnings"}},
+"errors": {case: message}, "pinned_error": message or None}``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import fused_optim
 from fused_optim.process_group import end_process_group, init_process_group
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: fsdp2_mlp
-from fsdp2_mlp import make_mlp, record, train  # noqa: E402
+from fsdp2_mlp import batch, make_mlp, record, train  # noqa: E402
 
 TIMEOUT = timedelta(seconds=120)  # a rank that fails makes the others' collectives fail, not hang
 STEPS = 3
@@ -49,7 +54,14 @@ CASES = {
     "fused_lamb/master_weights": ("fused_lamb", dict(master_weights=True), BF16, {}),
     # ZeRO-Offload's setting: fp32 params offloaded, forward and backward in bf16
     "fused_adam/mixed_precision": ("fused_adam", dict(weight_decay=1e-2), torch.float32, COMPUTE_IN_BF16),
+    # the statistics' micro-batch sums on the compute device, the .grad sums on the CPU
+    "adascale/fused_adam": ("fused_adam", dict(adascale=True), torch.float32, {}),
 }
+ACCUM = 2  # AdaScale's micro-batches per step
+# On a GPU mesh, the fp32 cases (what runs where, and the collectives' devices; the CPU kernels
+# against the CUDA ones, which differ by ulps, and a 16-bit rounding flipped by them would not).
+# CPUAdam steps CPU params only: there is no resident run of it on a GPU.
+GPU_CASES = ("fused_adam", "fused_lamb", "fused_adam/mixed_precision", "adascale/fused_adam")
 
 
 def devices(model, opt) -> list[str]:
@@ -60,21 +72,41 @@ def devices(model, opt) -> list[str]:
     return sorted({(t.to_local() if isinstance(t, DTensor) else t).device.type for t in tensors if t is not None})
 
 
+def train_adascale(model, opt) -> list[float]:
+    """STEPS steps of ACCUM micro-batches each; the gain after each step."""
+    gains = []
+    for k in range(STEPS):
+        for micro in range(ACCUM):
+            model(batch(ACCUM * k + micro, torch.float32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        gains.append(opt.gain())
+    return gains
+
+
 def run(case: str, mesh) -> dict:
     name, kwargs, dtype, shard_options = CASES[case]
+    kwargs = dict(kwargs)
+    adascale = kwargs.pop("adascale", False)
     out = {}
+    offload = CPUOffloadPolicy(pin_memory=mesh.device_type != "cpu")  # (pinned memory needs an accelerator)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for kind, policy in (("offloaded", dict(offload_policy=CPUOffloadPolicy(pin_memory=False))),
-                             ("resident", {})):
+        for kind, policy in (("offloaded", dict(offload_policy=offload)), ("resident", {})):
             model = make_mlp(0, dtype, mesh, **shard_options, **policy)
             opt = fused_optim.create_optimizer(name, model.parameters(), lr=1e-2, **kwargs)
-            train(model, opt, range(STEPS), dtype)
+            if adascale:
+                opt = fused_optim.AdaScale(opt, num_gradients_to_accumulate=ACCUM, module=model)
+                gains = train_adascale(model, opt)
+            else:
+                train(model, opt, range(STEPS), dtype)
             if kind == "offloaded":
                 out["devices"] = devices(model, opt)
                 out["dtensor_state"] = all(isinstance(v, DTensor) for st in opt.state.values() for v in st.values()
                                            if isinstance(v, torch.Tensor) and v.dim() > 0)
             out[kind] = record(model, opt)
+            if adascale:
+                out[kind]["gains"] = gains
     out["warnings"] = [str(w.message) for w in caught]
     return out
 
@@ -88,12 +120,15 @@ def pinned_error(mesh) -> str | None:
     return None
 
 
-def main(rank: int, world: int, out_dir: str) -> None:
+def main(rank: int, world: int, out_dir: str, device: str = "cpu") -> None:
     torch.set_num_threads(1)
-    init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, timeout=TIMEOUT)
-    mesh = init_device_mesh("cpu", (world,))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    init_process_group("gloo" if device == "cpu" else "nccl", init_method=f"file://{out_dir}/store", rank=rank,
+                       world_size=world, timeout=TIMEOUT)
+    mesh = init_device_mesh(device, (world,))
     result = {"runs": {}, "errors": {}, "pinned_error": None}
-    for case in CASES:
+    for case in CASES if device == "cpu" else GPU_CASES:
         try:
             result["runs"][case] = run(case, mesh)
         except Exception as exc:  # noqa: BLE001 (saved for the test, which says what was expected)
@@ -105,4 +140,4 @@ def main(rank: int, world: int, out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    main(int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:])

@@ -25,6 +25,7 @@ micro-batches, then the two sums are averaged once: see :func:`no_sync`). Saved 
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 import traceback
 import warnings
@@ -203,18 +204,42 @@ def fsdp2_vs_ddp(cls, mesh, rank: int, **kwargs) -> dict:
 def fsdp2_step(mesh) -> None:
     """AdaScale over an MLP under ``fully_shard`` without ``module=``, accumulating 2 backward
     passes, then step()."""
-    from torch.distributed.fsdp import fully_shard
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = mlp_under_fsdp2(mesh)
     opt = fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), num_gradients_to_accumulate=2)
     for _ in range(2):
         model(torch.randn(8, 6)).square().mean().backward()
     opt.step()
+
+
+def mlp_under_fsdp2(mesh, ignore_last_bias: bool = False, **kwargs) -> torch.nn.Module:
+    """An MLP whose root FSDP2 unit (``fully_shard(model, mesh=mesh, **kwargs)``) manages its params
+    (but the last bias, a plain param FSDP2 ignores, with ``ignore_last_bias``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(), torch.nn.Linear(10, 3))
+    fully_shard(model, mesh=mesh, ignored_params={model[2].bias} if ignore_last_bias else None, **kwargs)
+    return model
+
+
+def fsdp2_unsharded_when_made(mesh) -> None:
+    """AdaScale made while the FSDP2 unit holds its unsharded params (between a forward and its
+    backward, the root kept unsharded): its DTensor params are not found in the unit, and the
+    plain (ignored) param's hooks count the backward passes; the step must refuse, not measure
+    the plain param alone."""
+    model = mlp_under_fsdp2(mesh, ignore_last_bias=True, reshard_after_forward=False)
+    inner = fused_optim.FusedSGD(model.parameters(), lr=LR)
+    pending = model(torch.randn(8, 6)).square().mean()
+    opt = fused_optim.AdaScale(inner, num_gradients_to_accumulate=2, module=model)
+    pending.backward()
+    model(torch.randn(8, 6)).square().mean().backward()
+    opt.step()
+
+
+def copy_watching_fsdp2(mesh) -> None:
+    """A deepcopy of AdaScale given an FSDP2 model (refused: the copy's params would be copies)."""
+    model = mlp_under_fsdp2(mesh)
+    copy.deepcopy(fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), module=model))
 
 
 def fsdp2_over_tensor_parallel(world: int) -> None:
@@ -273,8 +298,8 @@ class TensorParallelModel(torch.nn.Module):
 
 def fsdp2_tensor_parallel(cls, world: int, **kwargs) -> dict:
     """``cls`` over FusedSGD stepped STEPS times on the params of PARAMS placed TP_PLACEMENTS over
-    a tensor-parallel mesh dimension and sharded by FSDP2 over a data-parallel one (a 2 × 2 mesh;
-    the ranks of a data-parallel index see its micro-batches), the statistics given ``module=``.
+    a tensor-parallel mesh dimension and sharded by FSDP2 over a data-parallel one (a WORLD/2 × 2
+    mesh; the ranks of a data-parallel index see its micro-batches), the statistics given ``module=``.
     Each step also records the reference: every data-parallel index's micro-batch gradients of
     the whole params (the same elementwise arithmetic), their sums, and the averaged ``.grad``
     (each index's micro-batches summed on its ranks, then averaged over the indices once, as the
@@ -347,6 +372,8 @@ def resume_unsharded(mesh, mid_window: bool) -> dict:
 def refusals(mesh):
     """(case, thunk) of each use the statistics refuse; the thunk should raise."""
     yield "fsdp2", lambda: fsdp2_step(mesh)
+    yield "fsdp2_unsharded_when_made", lambda: fsdp2_unsharded_when_made(mesh)
+    yield "copy_watching_fsdp2", lambda: copy_watching_fsdp2(mesh)
     p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
     yield "world_size", lambda: fused_optim.NoiseScale(fused_optim.FusedSGD([p], lr=LR), world_size=2)
     yield "no_accumulation", lambda: fused_optim.AdaScale(fused_optim.FusedSGD([p], lr=LR))
@@ -367,7 +394,9 @@ def main(rank: int, world: int, out_dir: str) -> None:
                        "noise_scale": run(fused_optim.NoiseScale, mesh, micro_batch_size=4)},
               "refusals": {},
               "fsdp2": {"adascale": fsdp2_vs_ddp(fused_optim.AdaScale, mesh, rank),
-                        "noise_scale": fsdp2_vs_ddp(fused_optim.NoiseScale, mesh, rank, micro_batch_size=4)}}
+                        "noise_scale": fsdp2_vs_ddp(fused_optim.NoiseScale, mesh, rank, micro_batch_size=4)},
+              # FSDP2 over tensor parallelism with one data-parallel replica (a 1 × 2 mesh, world_size=1)
+              "fsdp2_tensor_parallel": {"adascale": fsdp2_tensor_parallel(fused_optim.AdaScale, world)}}
     result["resumed"] = resume_unsharded(mesh, mid_window=False)
     try:
         resume_unsharded(mesh, mid_window=True)

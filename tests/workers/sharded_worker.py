@@ -116,17 +116,44 @@ def run_per_shard(name: str, kwargs: dict, place, shapes=SHAPES, then: dict | No
                                         for p, q in zip(pieces, sharded)]}
 
 
-def load_8bit_into(mesh, placement) -> None:
+def sparsified_added_unseeded(place) -> dict:
+    """SparsifiedSGD with ``seed=None`` (a random seed on each rank), made over a plain param and
+    given the DTensor params in a group added later: adding it shares rank 0's generator, so every
+    rank draws the same coordinates. The whole run draws from that generator's state."""
+    kwargs = dict(lr=1e-2, sparse_grad_size=700, weight_decay=1e-2)
+    init = whole_tensors(0)
+    grads = [whole_tensors(1 + k) for k in range(STEPS)]
+    whole = [torch.nn.Parameter(t.clone()) for t in init]
+    sharded = [torch.nn.Parameter(place(t.clone())) for t in init]
+    opt_whole = fused_optim.SparsifiedSGD([torch.nn.Parameter(torch.zeros(3))], **kwargs)
+    opt_sharded = fused_optim.SparsifiedSGD([torch.nn.Parameter(torch.zeros(3))], **kwargs)
+    opt_whole.add_param_group({"params": whole})
+    opt_sharded.add_param_group({"params": sharded})
+    opt_whole.generator.set_state(opt_sharded.generator.get_state())
+    for k in range(STEPS):
+        for p, q, g in zip(whole, sharded, grads[k]):
+            p.grad = g.clone()
+            q.grad = place(g.clone())
+        opt_whole.step()
+        opt_sharded.step()
+    return {"implementation": opt_sharded.implementation, "warnings": [],
+            "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)], "state": []}
+
+
+def load_8bit_into(mesh, placement, drop: str | None = None) -> None:
     """The state dict of 8-bit FusedAdam over a (4, 256) param sharded ``Shard(0)`` (2 or 4 shards of
-    whole blocks), loaded by one whose param is placed ``placement`` (None: whole) — refused where
-    that is another sharding, even one with as many shards and blocks."""
+    whole blocks), less its entry ``drop``, loaded by one whose param is placed ``placement`` (None:
+    whole) — refused where that is another sharding, even one with as many shards and blocks, or
+    where the codes come without their layout."""
     t = whole_tensors(0, [(4, 256)])[0]
     saved = torch.nn.Parameter(distribute_tensor(t.clone(), mesh, [Shard(0)]))
     opt = fused_optim.FusedAdam([saved], lr=1e-2, state_dtype="8bit")
     saved.grad = distribute_tensor(t.clone(), mesh, [Shard(0)])
     opt.step()
     other = torch.nn.Parameter(t.clone() if placement is None else distribute_tensor(t.clone(), mesh, [placement]))
-    fused_optim.FusedAdam([other], lr=1e-2, state_dtype="8bit").load_state_dict(opt.state_dict())
+    state = opt.state_dict()
+    state["state"][0].pop(drop, None)
+    fused_optim.FusedAdam([other], lr=1e-2, state_dtype="8bit").load_state_dict(state)
 
 
 def train_side_by_side(name: str, kwargs: dict, whole: torch.nn.Module, wrapped: torch.nn.Module, steps: int):
@@ -248,6 +275,7 @@ def cases(world: int):
     yield "fused_adam/state_8bit/aligned", lambda: run("fused_adam", eight_bit, shard0, shapes=[(8, 256), (1024,)])
     yield "fused_adam/state_8bit/load_as_Shard(1)", lambda: load_8bit_into(mesh, Shard(1))
     yield "fused_adam/state_8bit/load_whole", lambda: load_8bit_into(mesh, None)
+    yield "fused_adam/state_8bit/load_without_layout", lambda: load_8bit_into(mesh, Shard(0), drop="block_layout")
     yield "fused_adam/state_8bit/fused=False", lambda: run_per_shard("fused_adam", dict(eight_bit, fused=False),
                                                                      shard0)
     sparse_block = dict(lr=1e-2, **OPTIONS["sparsified_sgd"], random_sparse=False)
@@ -255,6 +283,7 @@ def cases(world: int):
     sparse = dict(lr=1e-2, **OPTIONS["sparsified_sgd"])
     yield "sparsified_sgd/Shard(-1)", lambda: run("sparsified_sgd", sparse, shard1)
     yield "sparsified_sgd/Replicate", lambda: run("sparsified_sgd", sparse, replicate)
+    yield "sparsified_sgd/seed=None/add_param_group", lambda: sparsified_added_unseeded(shard0)
     if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
         mesh2 = init_device_mesh("cpu", (2, 2))
         hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
