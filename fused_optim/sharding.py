@@ -26,10 +26,17 @@ import torch
 from torch import Tensor
 
 
+_DTENSOR: list[type] = []  # the DTensor class, once imported (is_dtensor runs per tensor per step)
+
+
 def dtensor_type() -> type | None:
     """The ``DTensor`` class when ``torch.distributed.tensor`` was imported, else None."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None)
+    if not _DTENSOR:
+        cls = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
+        if cls is None:
+            return None
+        _DTENSOR.append(cls)
+    return _DTENSOR[0]
 
 
 def is_dtensor(t) -> bool:
@@ -39,13 +46,18 @@ def is_dtensor(t) -> bool:
 
 def local(t: Tensor) -> Tensor:
     """The local tensor of a DTensor (the same storage: the kernels update it in place), else ``t``.
-    Called under ``no_grad`` (a step), where ``to_local()`` is not an autograd op."""
-    return t.to_local() if is_dtensor(t) else t
+    Called under ``no_grad`` (a step), where no gradient flows through it: the tensor that
+    ``to_local()`` returns a view of, ``DTensor._local_tensor`` (torch 2.13; ``to_local()`` is an
+    autograd Function of ~1.5 µs a call: a millisecond per step of ResNet-50's 161 params, whose
+    params, grads and two moments are DTensors under FSDP2, 7% of its 25.6M-param Adam step)."""
+    return t._local_tensor if is_dtensor(t) else t
 
 
 def locals_of(tensors: list) -> list:
-    """:func:`local` of each element of a list of tensors (other lists, of flags, unchanged)."""
-    return [local(t) if isinstance(t, Tensor) else t for t in tensors]
+    """:func:`local` of each element of a list of tensors (other lists, of flags, unchanged);
+    inlined, as it runs for every tensor of a sharded step."""
+    cls = dtensor_type()
+    return list(tensors) if cls is None else [t._local_tensor if isinstance(t, cls) else t for t in tensors]
 
 
 def layout(t: Tensor) -> tuple | None:
