@@ -75,9 +75,9 @@ class GradientStatistics(torch.optim.Optimizer):
         self._grad_scaler = grad_scaler
         self._module = None if module is None else weakref.ref(module)  # (FSDP2's: see _hook)
         self._rows = SumRows(self.param_groups, self._name)
-        self._fsdp2 = self._fsdp2_units(self._rows)
+        self._fsdp2 = set(self._fsdp2_units(self._rows))  # (indices: the units are found again where hooked)
         if world_size is None:  # (the ranks of a DTensor's mesh hold one replica, unless FSDP2 shards it)
-            world_size = 1 if not set(self._fsdp2) >= set(self._rows.sharded) \
+            world_size = 1 if not self._fsdp2 >= set(self._rows.sharded) \
                 else (dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1)
         self._world_size = self._checked_world_size(world_size)
         self._is_scaled_loss = is_scaled_loss
@@ -123,8 +123,8 @@ class GradientStatistics(torch.optim.Optimizer):
         self._hooks += [p.register_hook(functools.partial(self._on_sharded_grad, i, row, weakref.ref(p)))
                         for i, row, p in hooked if sharding.is_dtensor(p)]
         if self._fsdp2:
-            self._hooks.append(UnshardedGradHooks(self._fsdp2, self._rows.params, self._on_unsharded_grad,
-                                                  lambda: self._world_size))
+            self._hooks.append(UnshardedGradHooks(self._fsdp2_units(self._rows), self._rows.params,
+                                                  self._on_unsharded_grad, lambda: self._world_size))
 
     def _plain_hooks(self, plain: list[tuple[int, Tensor]]) -> list:
         """The hooks of the plain params of ``(row, param)`` pairs: C++ ones where the kernels build."""
@@ -266,9 +266,9 @@ class GradientStatistics(torch.optim.Optimizer):
         optimizer's) allow: 1 where DTensor params other than FSDP2's are measured (their mesh
         holds one replica, see :class:`.SumRows`)."""
         world_size = positive_int("world_size", world_size)
-        fsdp2 = self._fsdp2 if rows is None else self._fsdp2_units(rows)
+        fsdp2 = self._fsdp2 if rows is None else set(self._fsdp2_units(rows))
         rows = self._rows if rows is None else rows
-        if world_size > 1 and not set(fsdp2) >= set(rows.sharded):
+        if world_size > 1 and not fsdp2 >= set(rows.sharded):
             raise ValueError(f"{self._name}: world_size={world_size} pools the micro-batches of several ranks, but "
                              f"params are DTensors; {SHARDED_PARAMS}")
         return world_size
@@ -326,8 +326,8 @@ class GradientStatistics(torch.optim.Optimizer):
             raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum is for unscaled losses: this one has "
                                "is_scaled_loss=True (the losses were divided by c already)")
         if self._backwards and self._pending is None:
-            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an accumulation "
-                               f"window ({self._backwards} of {self._accum} backward passes); call it after the last one")
+            raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an "
+                               f"accumulation window ({self._backwards} of {self._accum} backward passes); call it after the last one")
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         if grads:
             torch._foreach_div_(grads, float(self._accum))
@@ -437,7 +437,7 @@ class GradientStatistics(torch.optim.Optimizer):
             self._optimizer.param_groups.pop()
             raise
         self._avg = stats.with_new_group(self._avg)
-        self._rows, self._fsdp2 = rows, self._fsdp2_units(rows)
+        self._rows, self._fsdp2 = rows, set(self._fsdp2_units(rows))
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -498,6 +498,8 @@ class GradientStatistics(torch.optim.Optimizer):
         self._load_extra(saved)
         self._local.copy_(local)  # in place: the hooks hold these tensors
         self._counts[PASSES] = int(saved.pop("backwards"))
+        # (a loaded window's sums were taken by the saving run's hooks)
+        self._seen_in_window = set(self._rows.sharded) if self._backwards or "ended_local" in saved else set()
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
         self._accum = int(saved.pop("num_gradients_to_accumulate"))
@@ -528,6 +530,8 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         """The copy gets its own handle and hooks on its own params (which share its sums)."""
+        state.setdefault("_fsdp2", set())  # (pickled before FSDP2's params were watched)
+        state.setdefault("_seen_in_window", set())
         self.__dict__.update(state)
         self._counts[HANDLE] = next(_handles)
         _WINDOW_OWNERS[int(self._counts[HANDLE])] = self
@@ -581,7 +585,8 @@ class AdaScale(GradientStatistics):
       micro-batch's grads into ``.grad`` without a copy); ``.grad``'s sums take one kernel call.
       The hooks are C++ where the kernels build (no Python call per param and backward pass);
       a backward pass is counted at its first hook, by autograd graph task.
-      The local sums live on the params' device, so NCCL can all-reduce them.
+      The local sums live on the params' device (FSDP2's compute device where its params are
+      watched), so NCCL can all-reduce them.
     * ``state_dict()`` holds tensors and floats only (``torch.load(weights_only=True)`` works),
       including a window in progress, the scale, smoothing, accumulation count and τ.
     * DTensor params (tensor parallelism: the ranks of the params' mesh hold one model replica)

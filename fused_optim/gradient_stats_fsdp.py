@@ -66,8 +66,9 @@ def fsdp2_units(module: torch.nn.Module | None, params: list[Tensor], indices: l
 class UnshardedGradHooks:
     """Hooks the unsharded params of ``params[i]`` for each ``i`` of ``units`` (see
     :func:`fsdp2_units`): ``on_grad(i, grad)`` runs with each of their micro-batch gradients
-    (``world_size()``: the replicas the statistics pool, checked against tensor parallelism under
-    FSDP2). :meth:`remove` removes every hook registered so far."""
+    (``world_size()``: the replicas the statistics pool, checked at the first forward against the
+    ranks the window's all-reduce adds, over tensor parallelism's too). :meth:`remove` removes
+    every hook registered so far."""
 
     def __init__(self, units: dict[int, tuple], params: list[Tensor], on_grad: Callable[[int, Tensor], None],
                  world_size: Callable[[], int]):
@@ -91,6 +92,7 @@ class UnshardedGradHooks:
                 seen = self._seen.get(id(t))
                 if (seen is not None and seen() is t) or not t.requires_grad or t is self._params[i]():
                     continue  # (hooked already; frozen; or the shard itself: not unsharded here)
+                self._check_replicas(t)
                 on_grad = self._tensor_parallel(i, t) if sharding.is_dtensor(t) else \
                     functools.partial(self._on_grad, i)
                 self._seen[id(t)] = weakref.ref(t)
@@ -104,7 +106,6 @@ class UnshardedGradHooks:
         data-parallel replicas into the pool. A tensor-parallel replica (``Replicate``) is counted
         on the first rank of its mesh dimension only (the others pass an empty tensor: they still
         count the backward pass)."""
-        self._check_replicas(t)
         mesh = t.device_mesh
         copy = any(pl.is_replicate() and mesh.get_local_rank(d) != 0 for d, pl in enumerate(t.placements))
 
@@ -117,16 +118,24 @@ class UnshardedGradHooks:
         return on_grad
 
     def _check_replicas(self, t: Tensor) -> None:
-        """Raises where the statistics pool another number of replicas than the data-parallel
-        ones FSDP2 over tensor parallelism leaves: the ranks / the tensor-parallel mesh's size."""
+        """Raises where the statistics pool another number of replicas than the window's
+        all-reduce over every rank adds: the data-parallel ones, the ranks (over tensor
+        parallelism: the ranks / the tensor-parallel mesh's size, ``t`` being a DTensor there)."""
         import torch.distributed as dist
 
+        world = dist.get_world_size()
+        if not sharding.is_dtensor(t):
+            if self._world_size() != world:
+                raise RuntimeError(f"gradient statistics: world_size={self._world_size()}, but the window's all-reduce "
+                                   f"pools the micro-batches FSDP2's {world} ranks unshard the params for: pass "
+                                   f"world_size={world}")
+            return
         tensor_parallel = t.device_mesh.size()
         if any(pl.is_partial() for pl in t.placements):
             raise RuntimeError(f"gradient statistics: an unsharded param is placed {list(t.placements)} (Partial: "
                                "pending sums); tensor-parallel params must be Shard or Replicate")
-        replicas = dist.get_world_size() // tensor_parallel
+        replicas = world // tensor_parallel
         if self._world_size() != replicas:
             raise RuntimeError(f"gradient statistics: world_size={self._world_size()}, but FSDP2 over a "
                                f"tensor-parallel mesh of {tensor_parallel} ranks leaves {replicas} data-parallel "
-                               f"replicas (of {dist.get_world_size()} ranks): pass world_size={replicas}")
+                               f"replicas (of {world} ranks): pass world_size={replicas}")

@@ -116,13 +116,25 @@ def check_grad(i: int, p: Tensor, grad: Tensor) -> None:
 
 def refuse_unseen_grads(who: str, rows: SumRows, seen: set[int]) -> None:
     """Raises where DTensor params have grads that no gradient hook of the window saw (``seen``:
-    the indices of those it saw): the grads were set without autograd reaching the params or
-    their unsharded tensors (FSDP2 sets them after its reduce-scatter; its units held unsharded
-    params when the statistics were made, or a param was used outside its unit's forward), and
-    their micro-batch norms would be missing from the variance."""
+    the indices of those it saw), unless they are zeros (``zero_grad(set_to_none=False)`` and a
+    param no pass used: it adds nothing) on every rank: the grads were set without autograd
+    reaching the params or their unsharded tensors (FSDP2 sets them after its reduce-scatter; its
+    units held unsharded params when the statistics were made, or a param was used outside its
+    unit's forward), and their micro-batch norms would be missing from the variance. Every rank
+    decides alike: the zeros are judged over all ranks (one all-reduce, only where grads went
+    unseen, which the hooks, firing on every rank, make the same everywhere)."""
     unseen = [i for i in rows.sharded if rows.params[i].grad is not None and i not in seen]
+    if not unseen:
+        return
+    import torch.distributed as dist  # (DTensor params: distributed is available)
+
+    device = sharding.mesh_device(rows.params[unseen[0]].device_mesh)
+    nonzero = torch.tensor([float(sharding.local(rows.params[i].grad).any()) for i in unseen], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(nonzero, op=dist.ReduceOp.MAX)
+    unseen = [i for i, flag in zip(unseen, nonzero.tolist()) if flag]
     if unseen:
         raise RuntimeError(
             f"{who}.step: DTensor params {unseen} (in the order of the param groups) have gradients, but no gradient "
-            f"hook saw them in this window's backward passes; {SHARDED_PARAMS} (while its FSDP2 units hold their "
-            "shards: before the first forward, or after model.reshard())")
+            f"hook saw them in this window's backward passes; {SHARDED_PARAMS}, and while its FSDP2 units hold their "
+            "shards (before the first forward, or after model.reshard())")

@@ -139,11 +139,14 @@ def sharded_dims(p: Tensor) -> list[int]:
     return [d for d, pl in enumerate(p.placements) if shards(pl)]
 
 
-def mesh_device(mesh) -> torch.device:
-    """The device a mesh's collectives run on for this rank (its accelerator's current one): a
-    param's local tensor may live elsewhere (FSDP2's ``CPUOffloadPolicy`` keeps shards on the CPU
-    of a CUDA mesh, whose NCCL group takes CUDA tensors only)."""
+def mesh_device(mesh, near: torch.device | None = None) -> torch.device:
+    """The device a mesh's collectives run on for this rank: ``near`` where it is of the mesh's
+    type, else the mesh's accelerator's current one. A param's local tensor may live elsewhere
+    (FSDP2's ``CPUOffloadPolicy`` keeps shards on the CPU of a CUDA mesh, whose NCCL group takes
+    CUDA tensors only)."""
     kind = mesh.device_type
+    if near is not None and near.type == kind:
+        return near
     return torch.device(kind) if kind == "cpu" else torch.device(kind, torch.get_device_module(kind).current_device())
 
 
@@ -162,7 +165,7 @@ def all_reduce_rows(sums: Tensor, params: list[Tensor]) -> None:
             by_group.setdefault((p.device_mesh, d), []).append(t)
     for (mesh, d), rows in by_group.items():
         index = None if len(rows) == sums.shape[0] else torch.tensor(rows, device=sums.device)
-        part = (sums if index is None else sums.index_select(0, index)).to(mesh_device(mesh))
+        part = (sums if index is None else sums.index_select(0, index)).to(mesh_device(mesh, sums.device))
         dist.all_reduce(part, group=mesh.get_group(d))
         if index is None:
             sums.copy_(part)  # (part is sums where the devices agree)

@@ -39,12 +39,13 @@ class SparsifiedSGD(FusedOptimizer):
     (``generator``, seeded with ``seed``), saved in the state dict so a reloaded run draws the
     same coordinates. DTensor params (FSDP2's, tensor parallelism's, both) step as their whole
     tensors: every rank draws the whole tensor's coordinates (the generator's state is broadcast
-    from rank 0 when a group with DTensor params is added) and each shard applies those in its
-    box. Where the reference fails, a k larger than a param sends all of its coordinates (the
-    reference's draws raise): k is one budget for every tensor of a model, whose
-    biases may be smaller than k next to weights far larger, so an error would force a param group
-    per tensor size; and an empty param sends nothing and draws nothing from the generator (the
-    reference divides by zero). The averaging keeps the reference's τ = D/k also for k > D.
+    from the first rank of their mesh when the optimizer is made, and when a group of them is
+    added) and each shard applies those in its box. Where the reference fails: a k larger than a
+    param sends all of its coordinates (the reference's draws raise), as k is one budget for
+    every tensor of a model, whose biases may be smaller than k next to weights far larger, so an
+    error would force a param group per tensor size; and an empty param sends nothing and draws
+    nothing from the generator (the reference divides by zero). The averaging keeps the
+    reference's τ = D/k also for k > D.
     State: ``memory`` per param, and ``estimated_w`` from the first call of
     ``update_estimated_weights`` / ``get_estimated_weights`` (starting as the param then).
 
@@ -72,19 +73,31 @@ class SparsifiedSGD(FusedOptimizer):
             self.generator.manual_seed(seed)
         defaults = dict(lr=lr, weight_decay=weight_decay, sparse_grad_size=sparse_grad_size,
                         random_sparse=random_sparse)
+        self._made = False  # (the groups of the constructor share the generator once, at its end)
         super().__init__(params, defaults, fused=fused, set_grad_none=set_grad_none, master_weights=master_weights)
+        self._made = True
+        self._share_generator([p for g in self.param_groups for p in g["params"]])
 
     def add_param_group(self, param_group: dict) -> None:
-        """torch's, and where the group holds DTensor params, every rank must draw the same
-        coordinates from then on: the generator's state is broadcast from rank 0 (a collective:
-        every rank makes the optimizer and adds the group, as with FSDP2)."""
+        """torch's; a group of DTensor params added later shares the generator (:meth:`_share_generator`)."""
         super().add_param_group(param_group)
-        dtensors = [p for p in self.param_groups[-1]["params"] if sharding.is_dtensor(p)]
-        if dtensors:
-            import torch.distributed as dist
+        if getattr(self, "_made", True):
+            self._share_generator(self.param_groups[-1]["params"])
 
-            state = self.generator.get_state().to(sharding.mesh_device(dtensors[0].device_mesh))
-            dist.broadcast(state, src=0)
+    def _share_generator(self, params: list) -> None:
+        """Where ``params`` hold DTensors, every rank of their meshes must draw the same coordinates
+        from now on: the generator's state is broadcast over each mesh dimension from its first rank
+        (so every rank of a mesh gets its first rank's state). A collective: every rank makes the
+        optimizer and adds the group, as with FSDP2."""
+        meshes = list(dict.fromkeys(p.device_mesh for p in params if sharding.is_dtensor(p)))
+        if not meshes:
+            return
+        import torch.distributed as dist
+
+        for mesh in meshes:
+            state = self.generator.get_state().to(sharding.mesh_device(mesh))
+            for d in range(mesh.ndim):
+                dist.broadcast(state, group=mesh.get_group(d), group_src=0)
             self.generator.set_state(state.cpu())
 
     def _validate(self, group: dict) -> None:

@@ -371,6 +371,22 @@ def test_a_copy_made_mid_window_continues_as_the_original(how):
     assert all(torch.equal(p, q) for p, q in zip(copied[0].parameters(), model.parameters()))
 
 
+def test_a_pickle_from_before_fsdp2_support_unpickles_and_steps(monkeypatch):
+    """A pickle made before AdaScale watched FSDP2's params lacks their attributes (``_fsdp2``,
+    ``_seen_in_window``): unpickled, it steps as the original does, bit for bit."""
+    model, opt = trained_three_windows()
+    getstate = type(opt).__getstate__
+    newer = ("_fsdp2", "_seen_in_window")
+    monkeypatch.setattr(type(opt), "__getstate__", lambda self: {k: v for k, v in getstate(self).items()
+                                                                 if k not in newer})
+    copied = pickle.loads(pickle.dumps((model, opt)))
+    monkeypatch.undo()
+    for m, o in ((model, opt), copied):
+        step_windows(m, o, range(3, 5))
+    assert copied[1].scale_invariant_steps == opt.scale_invariant_steps
+    assert all(torch.equal(p, q) for p, q in zip(copied[0].parameters(), model.parameters()))
+
+
 def test_fairscale_cannot_checkpoint_mid_window_nor_load_weights_only():
     model, groups = model_and_groups(two_groups=False)
     ref = fairscale(sgd(groups))

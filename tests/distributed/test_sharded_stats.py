@@ -232,9 +232,23 @@ def test_fsdp2_without_the_model_and_several_replicas_are_refused_with_the_reaso
         assert refusals["world_size"].startswith("ValueError: NoiseScale: world_size=2 pools the micro-batches")
         assert refusals["no_accumulation"].startswith("RuntimeError: AdaScale needs world_size * "
                                                       "num_gradients_to_accumulate > 1")
-        for message in (m for case, m in refusals.items() if case != "copy_watching_fsdp2"):
+        assert refusals["fsdp2_one_replica_claimed"].startswith(
+            "RuntimeError: gradient statistics: world_size=1, but the window's all-reduce pools the micro-batches "
+            "FSDP2's 2 ranks unshard the params for: pass world_size=2")
+        own_messages = ("copy_watching_fsdp2", "fsdp2_one_replica_claimed")
+        for message in (m for case, m in refusals.items() if case not in own_messages):
             assert "for FSDP2 (fully_shard), on the plain tensors it unshards them into: pass the sharded " \
                    "model, e.g. AdaScale(optimizer, module=model)" in message
+
+
+@pytest.mark.slow
+def test_grads_no_hook_saw_pass_where_they_are_zeros_or_a_loaded_windows(ranks):
+    for result in ranks:
+        outcome = result["unseen_grads"]
+        assert outcome["window 0"] is None and outcome["window 1"] is None, outcome
+        assert outcome["loaded ended window"] is None, outcome
+        assert outcome["nonzero by hand"].startswith("AdaScale.step: DTensor params [3] (in the order of the param "
+                                                     "groups) have gradients, but no gradient hook saw them")
 
 
 @pytest.mark.slow

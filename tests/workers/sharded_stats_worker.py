@@ -236,6 +236,15 @@ def fsdp2_unsharded_when_made(mesh) -> None:
     opt.step()
 
 
+def fsdp2_one_replica_claimed(mesh) -> None:
+    """AdaScale given an FSDP2 model on every rank but told world_size=1 (the window's all-reduce
+    pools every rank's micro-batches): refused at the first forward."""
+    model = mlp_under_fsdp2(mesh)
+    fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), world_size=1, num_gradients_to_accumulate=2,
+                         module=model)
+    model(torch.randn(4, 6)).sum().backward()
+
+
 def copy_watching_fsdp2(mesh) -> None:
     """A deepcopy of AdaScale given an FSDP2 model (refused: the copy's params would be copies)."""
     model = mlp_under_fsdp2(mesh)
@@ -369,11 +378,48 @@ def resume_unsharded(mesh, mid_window: bool) -> dict:
     return {"gain": other.gain(), "saved_gain": opt.gain()}
 
 
+def unseen_grads_passing(mesh) -> dict:
+    """Steps that DTensor grads no hook saw must not stop (each the error message, or None): params
+    no pass of the window used (all but the first), their grads zeroed by
+    ``zero_grad(set_to_none=False)``; and a window saved after its last backward pass, loaded into
+    another AdaScale over the same params (their grads still set), then stepped. A nonzero grad set
+    by hand (param 3's) is refused."""
+    out = {}
+    params = [torch.nn.Parameter(place(torch.ones(shape, dtype=torch.float64), placement, mesh))
+              for shape, placement, _ in PARAMS]
+    opt = make(fused_optim.AdaScale, params)
+    for step, used in enumerate((len(PARAMS), 1)):  # the second window uses the first param only
+        for micro in range(ACCUM):
+            loss(params[:used], data(step, micro)[:used], mesh, True).backward()
+        out[f"window {step}"] = _error_of(opt.step)
+        opt.zero_grad(set_to_none=False)
+    for micro in range(ACCUM):
+        loss(params, data(2, micro), mesh, True).backward()
+    other = make(fused_optim.AdaScale, params)
+    other.load_state_dict(opt.state_dict())
+    out["loaded ended window"] = _error_of(other.step)
+    other.zero_grad(set_to_none=False)
+    for micro in range(ACCUM):
+        loss(params[:1], data(3, micro)[:1], mesh, True).backward()
+    params[3].grad = place(torch.ones(PARAMS[3][0], dtype=torch.float64), PARAMS[3][1], mesh)
+    out["nonzero by hand"] = _error_of(other.step)
+    return out
+
+
+def _error_of(thunk) -> str | None:
+    try:
+        thunk()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def refusals(mesh):
     """(case, thunk) of each use the statistics refuse; the thunk should raise."""
     yield "fsdp2", lambda: fsdp2_step(mesh)
     yield "fsdp2_unsharded_when_made", lambda: fsdp2_unsharded_when_made(mesh)
     yield "copy_watching_fsdp2", lambda: copy_watching_fsdp2(mesh)
+    yield "fsdp2_one_replica_claimed", lambda: fsdp2_one_replica_claimed(mesh)
     p = torch.nn.Parameter(distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)]))
     yield "world_size", lambda: fused_optim.NoiseScale(fused_optim.FusedSGD([p], lr=LR), world_size=2)
     yield "no_accumulation", lambda: fused_optim.AdaScale(fused_optim.FusedSGD([p], lr=LR))
@@ -398,6 +444,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
               # FSDP2 over tensor parallelism with one data-parallel replica (a 1 × 2 mesh, world_size=1)
               "fsdp2_tensor_parallel": {"adascale": fsdp2_tensor_parallel(fused_optim.AdaScale, world)}}
     result["resumed"] = resume_unsharded(mesh, mid_window=False)
+    result["unseen_grads"] = unseen_grads_passing(mesh)
     try:
         resume_unsharded(mesh, mid_window=True)
         result["resumed_mid_window"] = None

@@ -120,7 +120,7 @@ def sparsified_added_unseeded(place) -> dict:
     """SparsifiedSGD with ``seed=None`` (a random seed on each rank), made over a plain param and
     given the DTensor params in a group added later: adding it shares rank 0's generator, so every
     rank draws the same coordinates. The whole run draws from that generator's state."""
-    kwargs = dict(lr=1e-2, sparse_grad_size=700, weight_decay=1e-2)
+    kwargs = dict(lr=1e-2, sparse_grad_size=700, weight_decay=1e-2, random_sparse=True)  # (many draws to differ in)
     init = whole_tensors(0)
     grads = [whole_tensors(1 + k) for k in range(STEPS)]
     whole = [torch.nn.Parameter(t.clone()) for t in init]
