@@ -25,7 +25,7 @@ from . import gradient_stats_math as stats
 from .checks import positive_int
 from .gradient_stats_fsdp import UnshardedGradHooks, fsdp2_units
 from .gradient_stats_math import Window
-from .gradient_stats_rows import SHARDED_PARAMS, SumRows, check_grad, refuse_unseen_grads
+from .gradient_stats_rows import SHARDED_PARAMS, SumRows, UnseenGrads, check_grad
 from .norm import sum_squares_
 from .optimizer import run_closure
 
@@ -83,7 +83,7 @@ class GradientStatistics(torch.optim.Optimizer):
         self._is_scaled_loss = is_scaled_loss
         self._debias_ewma = debias_ewma
         self._hooks: list = []
-        self._seen_in_window: set[int] = set()  # the DTensor params (indices in the rows) hooks saw in the window
+        self._unseen = UnseenGrads(self._rows)  # DTensor grads no hook saw (refused at step)
         # The hooks count the window's backward passes in it and end the window (see _hook).
         self._counts = _window_counts(next(_handles))
         _WINDOW_OWNERS[int(self._counts[HANDLE])] = self
@@ -161,14 +161,14 @@ class GradientStatistics(torch.optim.Optimizer):
         :meth:`_on_grad` of its grad's local tensor (the sum of the whole tensor is taken at the
         window's end, see :class:`.SumRows`)."""
         check_grad(i, param(), grad)
-        self._seen_in_window.add(i)
+        self._unseen.seen.add(i)
         with torch.no_grad():
             self._on_grad(row, grad.to_local())
 
     def _on_unsharded_grad(self, i: int, grad: Tensor) -> None:
         """The hook of FSDP2's unsharded param of DTensor param ``i``: :meth:`_on_grad` in its group's
         row of whole tensors (pooled over the ranks)."""
-        self._seen_in_window.add(i)
+        self._unseen.seen.add(i)
         self._on_grad(self._rows.plain_row(i), grad)
 
     @property
@@ -287,12 +287,13 @@ class GradientStatistics(torch.optim.Optimizer):
         (see :meth:`_update`); returns the closure's loss. A step whose inner step raises leaves
         the averages and the window as they were (a step again takes the same window)."""
         loss = run_closure(closure)
-        refuse_unseen_grads(self._name, self._rows, self._seen_in_window)
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         skipped = found_inf is not None and float(found_inf) != 0
         before = self._pending, self._avg, self._last_loss_scale
         if self._pending is None and self._backwards and not skipped:
             self._pending = self._end_window(at_backward_end=False)  # a short window (every rank steps)
+        if not skipped:
+            self._refuse_unseen(before[0])
         window, self._pending = self._pending, None  # (from here on the averages hold the window)
         if skipped:
             self._reset_window()
@@ -309,6 +310,18 @@ class GradientStatistics(torch.optim.Optimizer):
             raise
         self._reset_window()
         return loss
+
+    def _refuse_unseen(self, pending: Window | None) -> None:
+        """Raises, with ``pending`` the window again, where DTensor grads no hook saw would step
+        (:class:`.UnseenGrads`: decided at the window's end, or here on this rank's flags where no
+        backward pass reached a hook)."""
+        if self._pending is None:
+            self._unseen.decide(self._unseen.flags(torch.device("cpu")))
+        try:
+            self._unseen.refuse(self._name)
+        except RuntimeError:
+            self._pending = pending
+            raise
 
     def _update(self, scale: float, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         """The parameter update of a step whose statistics are in the averages (``scale``: the
@@ -327,7 +340,8 @@ class GradientStatistics(torch.optim.Optimizer):
                                "is_scaled_loss=True (the losses were divided by c already)")
         if self._backwards and self._pending is None:
             raise RuntimeError(f"{self._name}.scale_grad_by_num_grads_to_accum was called inside an "
-                               f"accumulation window ({self._backwards} of {self._accum} backward passes); call it after the last one")
+                               f"accumulation window ({self._backwards} of {self._accum} backward passes); call it "
+                               "after the last one")
         grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
         if grads:
             torch._foreach_div_(grads, float(self._accum))
@@ -356,7 +370,7 @@ class GradientStatistics(torch.optim.Optimizer):
     def _reset_window(self) -> None:
         self._local.zero_()
         self._counts[PASSES] = 0
-        self._seen_in_window.clear()
+        self._unseen.restart()
         self._pending = None
 
     def _inner_step(self, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
@@ -384,11 +398,15 @@ class GradientStatistics(torch.optim.Optimizer):
         and ``.grad``'s, both of whole tensors (DTensors' summed over their shards, in one
         all-reduce: see :class:`.SumRows`), still carrying the loss scales (known only at ``step()``).
         Under FSDP2 the pooling all-reduce also adds the tensor-parallel parts of each unsharded
-        param's sums (:mod:`.gradient_stats_fsdp`), so it runs with one data-parallel replica too."""
+        param's sums (:mod:`.gradient_stats_fsdp`), so it runs with one data-parallel replica too.
+        The flags of :class:`.UnseenGrads` ride on it, and its decision is taken here."""
         c = self._backwards
-        local = self._local.clone()
+        rows = len(self._rows)
+        local = torch.cat((self._local, self._unseen.flags(self._local.device)))  # (the flags ride along)
         if self._world_size > 1 or self._fsdp2:
             dist.all_reduce(local)
+        local, flags = local[:rows], local[rows:]
+        self._unseen.decide(flags)
         total = self._zeros(self._params_device())  # (where the .grad are)
         self._rows.add_grad_sums(total)
         local, total = self._rows.whole(local, total.to(local.device))
@@ -438,6 +456,7 @@ class GradientStatistics(torch.optim.Optimizer):
             raise
         self._avg = stats.with_new_group(self._avg)
         self._rows, self._fsdp2 = rows, set(self._fsdp2_units(rows))
+        self._unseen = UnseenGrads(rows)
         self._local = self._zeros()
         self.unhook()
         self._hook()
@@ -498,8 +517,7 @@ class GradientStatistics(torch.optim.Optimizer):
         self._load_extra(saved)
         self._local.copy_(local)  # in place: the hooks hold these tensors
         self._counts[PASSES] = int(saved.pop("backwards"))
-        # (a loaded window's sums were taken by the saving run's hooks)
-        self._seen_in_window = set(self._rows.sharded) if self._backwards or "ended_local" in saved else set()
+        self._unseen.restart()  # (the grads as they are now start what is left of the loaded window)
         self._scale = float(saved.pop("scale"))
         self._smoothing = float(saved.pop("smoothing"))
         self._accum = int(saved.pop("num_gradients_to_accumulate"))
@@ -530,8 +548,8 @@ class GradientStatistics(torch.optim.Optimizer):
 
     def __setstate__(self, state: dict) -> None:
         """The copy gets its own handle and hooks on its own params (which share its sums)."""
-        state.setdefault("_fsdp2", set())  # (pickled before FSDP2's params were watched)
-        state.setdefault("_seen_in_window", set())
+        if "_unseen" not in state:  # (pickled before FSDP2's params were watched)
+            state.update(_fsdp2=set(), _unseen=UnseenGrads(state["_rows"]))
         self.__dict__.update(state)
         self._counts[HANDLE] = next(_handles)
         _WINDOW_OWNERS[int(self._counts[HANDLE])] = self

@@ -51,7 +51,7 @@ def fsdp2_units(module: torch.nn.Module | None, params: list[Tensor], indices: l
     ``module`` manages: its innermost unit and its name there. Found by identity with the unit's
     params, so only while the units hold their shards (not between a forward and its backward
     under ``reshard_after_forward=False``: such params are refused at the step, see
-    :func:`.gradient_stats_rows.refuse_unseen_grads`)."""
+    :class:`.gradient_stats_rows.UnseenGrads`)."""
     if module is None or not indices:
         return {}
     index = {id(params[i]): i for i in indices}

@@ -19,10 +19,12 @@ computed on DTensors), and FSDP2's (``fully_shard``), given the model: FSDP2 red
 backward's grads inside the backward pass, and a rank's micro-batch gradient is seen only on the
 plain tensor FSDP2 unshards the param into (:mod:`.gradient_stats_fsdp`; those sums go to row
 class 0 and are pooled over the ranks like DDP's). Without the model no hook sees FSDP2's grads,
-and the first step refuses (:func:`refuse_unseen_grads`).
+and the first step refuses (:class:`UnseenGrads`).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import Tensor
@@ -114,27 +116,67 @@ def check_grad(i: int, p: Tensor, grad: Tensor) -> None:
         raise RuntimeError(f"gradient statistics: param {i} {why}")
 
 
-def refuse_unseen_grads(who: str, rows: SumRows, seen: set[int]) -> None:
-    """Raises where DTensor params have grads that no gradient hook of the window saw (``seen``:
-    the indices of those it saw), unless they are zeros (``zero_grad(set_to_none=False)`` and a
-    param no pass used: it adds nothing) on every rank: the grads were set without autograd
-    reaching the params or their unsharded tensors (FSDP2 sets them after its reduce-scatter; its
-    units held unsharded params when the statistics were made, or a param was used outside its
-    unit's forward), and their micro-batch norms would be missing from the variance. Every rank
-    decides alike: the zeros are judged over all ranks (one all-reduce, only where grads went
-    unseen, which the hooks, firing on every rank, make the same everywhere)."""
-    unseen = [i for i in rows.sharded if rows.params[i].grad is not None and i not in seen]
-    if not unseen:
-        return
-    import torch.distributed as dist  # (DTensor params: distributed is available)
+class UnseenGrads:
+    """The DTensor params of ``rows`` whose grads a window changed that no gradient hook of any rank
+    saw: their micro-batch norms would be missing from the variance. FSDP2 sets its grads after
+    its reduce-scatter, seen only on the tensors it unshards the params into: without the model,
+    with units that held unsharded params when the statistics were made, or for a param used
+    outside its unit's forward, no hook sees them. Decided alike on every rank: each rank's flags
+    (seen here, changed here) ride on the all-reduce that pools the window's sums
+    (:meth:`flags`, :meth:`decide`), and a param counts as seen where any rank saw it (a rank whose
+    forward left it unused adds zeros to its pool, correctly). "Changed": another grad tensor than
+    at the window's start, or the same one written since (its version counter), so that a zeroed
+    grad of a param no pass used (``zero_grad(set_to_none=False)``) does not count."""
 
-    device = sharding.mesh_device(rows.params[unseen[0]].device_mesh)
-    nonzero = torch.tensor([float(sharding.local(rows.params[i].grad).any()) for i in unseen], device=device)
-    if dist.is_initialized():
-        dist.all_reduce(nonzero, op=dist.ReduceOp.MAX)
-    unseen = [i for i, flag in zip(unseen, nonzero.tolist()) if flag]
-    if unseen:
-        raise RuntimeError(
-            f"{who}.step: DTensor params {unseen} (in the order of the param groups) have gradients, but no gradient "
-            f"hook saw them in this window's backward passes; {SHARDED_PARAMS}, and while its FSDP2 units hold their "
-            "shards (before the first forward, or after model.reshard())")
+    def __init__(self, rows: SumRows):
+        self.rows = rows
+        self.seen: set[int] = set()  # indices in rows.params whose hooks ran on this rank
+        self.unseen: list[int] = []  # decided at the window's end
+        self._marks: dict[int, tuple | None] = {}
+        self.restart()
+
+    def restart(self) -> None:
+        """A new window: the grads as they are now are its start."""
+        self.seen.clear()
+        self.unseen = []
+        self._marks = {i: _mark(self.rows.params[i].grad) for i in self.rows.sharded}
+
+    def flags(self, device: torch.device) -> Tensor:
+        """float64 [2·S] over the S DTensor params: seen here, then changed here (1 or 0)."""
+        changed = [float(self._changed(i)) for i in self.rows.sharded]
+        seen = [float(i in self.seen) for i in self.rows.sharded]
+        return torch.tensor(seen + changed, dtype=torch.float64, device=device)
+
+    def decide(self, flags: Tensor) -> None:
+        """The unseen params from :meth:`flags` summed over the ranks (or this rank's alone)."""
+        n = len(self.rows.sharded)
+        values = flags.tolist()
+        self.unseen = [i for i, seen, changed in zip(self.rows.sharded, values[:n], values[n:]) if changed and not seen]
+
+    def refuse(self, who: str) -> None:
+        if self.unseen:
+            raise RuntimeError(
+                f"{who}.step: DTensor params {self.unseen} (in the order of the param groups) have gradients, but no "
+                f"gradient hook saw them in this window's backward passes; {SHARDED_PARAMS}, and while its FSDP2 units "
+                "hold their shards (before the first forward, or after model.reshard())")
+
+    def _changed(self, i: int) -> bool:
+        grad = self.rows.params[i].grad
+        if grad is None:
+            return False
+        mark, local = self._marks.get(i), sharding.local(grad)
+        return mark is None or mark[0]() is not local or local._version != mark[1]
+
+    def __getstate__(self) -> dict:
+        """For copies: the marks (weak references to this run's grads) are not copied; a copy's
+        grads present at its window's end count as changed."""
+        return {**self.__dict__, "_marks": {}}
+
+
+def _mark(grad: Tensor | None) -> tuple | None:
+    """(weak reference, version) of a grad's local tensor: held weakly, so that a new grad made
+    where a freed one was is not taken for it."""
+    if grad is None:
+        return None
+    local = sharding.local(grad)
+    return weakref.ref(local), local._version

@@ -373,10 +373,10 @@ def test_a_copy_made_mid_window_continues_as_the_original(how):
 
 def test_a_pickle_from_before_fsdp2_support_unpickles_and_steps(monkeypatch):
     """A pickle made before AdaScale watched FSDP2's params lacks their attributes (``_fsdp2``,
-    ``_seen_in_window``): unpickled, it steps as the original does, bit for bit."""
+    ``_unseen``): unpickled, it steps as the original does, bit for bit."""
     model, opt = trained_three_windows()
     getstate = type(opt).__getstate__
-    newer = ("_fsdp2", "_seen_in_window")
+    newer = ("_fsdp2", "_unseen")
     monkeypatch.setattr(type(opt), "__getstate__", lambda self: {k: v for k, v in getstate(self).items()
                                                                  if k not in newer})
     copied = pickle.loads(pickle.dumps((model, opt)))

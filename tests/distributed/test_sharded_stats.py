@@ -242,13 +242,22 @@ def test_fsdp2_without_the_model_and_several_replicas_are_refused_with_the_reaso
 
 
 @pytest.mark.slow
-def test_grads_no_hook_saw_pass_where_they_are_zeros_or_a_loaded_windows(ranks):
+def test_grads_no_hook_saw_pass_where_the_window_left_them_or_loaded_them(ranks):
     for result in ranks:
         outcome = result["unseen_grads"]
         assert outcome["window 0"] is None and outcome["window 1"] is None, outcome
         assert outcome["loaded ended window"] is None, outcome
-        assert outcome["nonzero by hand"].startswith("AdaScale.step: DTensor params [3] (in the order of the param "
+        assert outcome["set by hand"].startswith("AdaScale.step: DTensor params [3] (in the order of the param "
                                                      "groups) have gradients, but no gradient hook saw them")
+
+
+@pytest.mark.slow
+def test_a_param_one_ranks_hooks_never_see_counts_as_seen_where_another_rank_saw_it(ranks):
+    """FSDP2 with a layer only rank 0 uses: both ranks step, agreeing (a rank deciding alone would
+    refuse on rank 1 only, and the other would wait in its next collective)."""
+    outcomes = [result["used_on_one_rank"] for result in ranks]
+    assert all("error" not in o for o in outcomes), outcomes
+    assert outcomes[0]["gains"] == outcomes[1]["gains"] and min(outcomes[0]["gains"]) > 1.0, outcomes
 
 
 @pytest.mark.slow

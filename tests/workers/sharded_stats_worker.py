@@ -382,8 +382,8 @@ def unseen_grads_passing(mesh) -> dict:
     """Steps that DTensor grads no hook saw must not stop (each the error message, or None): params
     no pass of the window used (all but the first), their grads zeroed by
     ``zero_grad(set_to_none=False)``; and a window saved after its last backward pass, loaded into
-    another AdaScale over the same params (their grads still set), then stepped. A nonzero grad set
-    by hand (param 3's) is refused."""
+    another AdaScale over the same params (their grads still set), then stepped. A grad set by hand
+    in a window (param 3's) is refused."""
     out = {}
     params = [torch.nn.Parameter(place(torch.ones(shape, dtype=torch.float64), placement, mesh))
               for shape, placement, _ in PARAMS]
@@ -399,11 +399,50 @@ def unseen_grads_passing(mesh) -> dict:
     other.load_state_dict(opt.state_dict())
     out["loaded ended window"] = _error_of(other.step)
     other.zero_grad(set_to_none=False)
+    params[3].grad = place(torch.ones(PARAMS[3][0], dtype=torch.float64), PARAMS[3][1], mesh)
     for micro in range(ACCUM):
         loss(params[:1], data(3, micro)[:1], mesh, True).backward()
-    params[3].grad = place(torch.ones(PARAMS[3][0], dtype=torch.float64), PARAMS[3][1], mesh)
-    out["nonzero by hand"] = _error_of(other.step)
+    out["set by hand"] = _error_of(other.step)
     return out
+
+
+class TwoLayers(torch.nn.Module):
+    """Two Linear layers in one FSDP2 unit; the second used only where ``use_second``."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_second: bool):
+        y = self.first(x)
+        return self.second(y) if use_second else y
+
+
+def used_on_one_rank(mesh, rank: int) -> dict:
+    """AdaScale given an FSDP2 model whose second layer only rank 0's forwards use (FSDP2
+    reduce-scatters the other rank's zeros for it: ``set_reduce_scatter_unused_params``): rank 1's
+    hooks never see those params, rank 0's do, so every rank steps (no refusal, no collective on
+    one rank only) with the same statistics. Returns the gains after each step, or the error."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = TwoLayers()
+    fully_shard(model, mesh=mesh)
+    model.set_reduce_scatter_unused_params(True)
+    opt = fused_optim.AdaScale(fused_optim.FusedSGD(model.parameters(), lr=LR), num_gradients_to_accumulate=2,
+                               module=model)
+    gains = []
+    try:
+        for step in range(2):
+            for micro in range(2):
+                x = torch.randn(3, 4, generator=torch.Generator().manual_seed(10 * step + micro + 100 * rank))
+                model(x, use_second=rank == 0).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            gains.append(opt.gain())
+    except RuntimeError as exc:
+        return {"error": str(exc)}
+    return {"gains": gains}
 
 
 def _error_of(thunk) -> str | None:
@@ -445,6 +484,7 @@ def main(rank: int, world: int, out_dir: str) -> None:
               "fsdp2_tensor_parallel": {"adascale": fsdp2_tensor_parallel(fused_optim.AdaScale, world)}}
     result["resumed"] = resume_unsharded(mesh, mid_window=False)
     result["unseen_grads"] = unseen_grads_passing(mesh)
+    result["used_on_one_rank"] = used_on_one_rank(mesh, rank)
     try:
         resume_unsharded(mesh, mid_window=True)
         result["resumed_mid_window"] = None
