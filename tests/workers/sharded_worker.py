@@ -52,14 +52,18 @@ def whole_tensors(seed: int, shapes=SHAPES) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) for s in shapes]
 
 
-def run(name: str, kwargs: dict, place, shapes=SHAPES, dtype=torch.float32) -> dict:
-    """``name`` stepped STEPS times on whole params and on ``place(tensor)`` (DTensors)."""
+def run(name: str, kwargs: dict, place, shapes=SHAPES, dtype=torch.float32, make=None) -> dict:
+    """``name`` stepped STEPS times on whole params and on ``place(tensor)`` (DTensors);
+    ``make(whole, sharded)``, when given, makes the two optimizers instead."""
     init = [t.to(dtype) for t in whole_tensors(0, shapes)]
     grads = [[t.to(dtype) for t in whole_tensors(1 + k, shapes)] for k in range(STEPS)]
     whole = [torch.nn.Parameter(t.clone()) for t in init]
     sharded = [torch.nn.Parameter(place(t.clone())) for t in init]
-    opt_whole = fused_optim.create_optimizer(name, whole, **kwargs)
-    opt_sharded = fused_optim.create_optimizer(name, sharded, **kwargs)
+    if make is None:
+        opt_whole = fused_optim.create_optimizer(name, whole, **kwargs)
+        opt_sharded = fused_optim.create_optimizer(name, sharded, **kwargs)
+    else:
+        opt_whole, opt_sharded = make(whole, sharded)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for k in range(STEPS):
@@ -116,28 +120,17 @@ def run_per_shard(name: str, kwargs: dict, place, shapes=SHAPES, then: dict | No
                                         for p, q in zip(pieces, sharded)]}
 
 
-def sparsified_added_unseeded(place) -> dict:
-    """SparsifiedSGD with ``seed=None`` (a random seed on each rank), made over a plain param and
-    given the DTensor params in a group added later: adding it shares rank 0's generator, so every
-    rank draws the same coordinates. The whole run draws from that generator's state."""
+def sparsified_added_unseeded(whole: list, sharded: list) -> tuple:
+    """:func:`run`'s optimizers for SparsifiedSGD with ``seed=None`` (a random seed on each rank),
+    made over a plain param and given the params in a group added later: adding the DTensors
+    shares the first rank's generator, so every rank draws the same coordinates. The whole run
+    draws from that generator's state."""
     kwargs = dict(lr=1e-2, sparse_grad_size=700, weight_decay=1e-2, random_sparse=True)  # (many draws to differ in)
-    init = whole_tensors(0)
-    grads = [whole_tensors(1 + k) for k in range(STEPS)]
-    whole = [torch.nn.Parameter(t.clone()) for t in init]
-    sharded = [torch.nn.Parameter(place(t.clone())) for t in init]
-    opt_whole = fused_optim.SparsifiedSGD([torch.nn.Parameter(torch.zeros(3))], **kwargs)
-    opt_sharded = fused_optim.SparsifiedSGD([torch.nn.Parameter(torch.zeros(3))], **kwargs)
-    opt_whole.add_param_group({"params": whole})
-    opt_sharded.add_param_group({"params": sharded})
-    opt_whole.generator.set_state(opt_sharded.generator.get_state())
-    for k in range(STEPS):
-        for p, q, g in zip(whole, sharded, grads[k]):
-            p.grad = g.clone()
-            q.grad = place(g.clone())
-        opt_whole.step()
-        opt_sharded.step()
-    return {"implementation": opt_sharded.implementation, "warnings": [],
-            "params": [(q.full_tensor(), p.detach()) for p, q in zip(whole, sharded)], "state": []}
+    opts = [fused_optim.SparsifiedSGD([torch.nn.Parameter(torch.zeros(3))], **kwargs) for _ in range(2)]
+    for opt, params in zip(opts, (whole, sharded)):
+        opt.add_param_group({"params": params})
+    opts[0].generator.set_state(opts[1].generator.get_state())
+    return tuple(opts)
 
 
 def load_8bit_into(mesh, placement, drop: str | None = None) -> None:
@@ -283,7 +276,8 @@ def cases(world: int):
     sparse = dict(lr=1e-2, **OPTIONS["sparsified_sgd"])
     yield "sparsified_sgd/Shard(-1)", lambda: run("sparsified_sgd", sparse, shard1)
     yield "sparsified_sgd/Replicate", lambda: run("sparsified_sgd", sparse, replicate)
-    yield "sparsified_sgd/seed=None/add_param_group", lambda: sparsified_added_unseeded(shard0)
+    yield "sparsified_sgd/seed=None/add_param_group", lambda: run("sparsified_sgd", {}, shard0,
+                                                                  make=sparsified_added_unseeded)
     if world == 4:  # a 2-D mesh: HSDP's (replicate, shard) and 2-D sharding
         mesh2 = init_device_mesh("cpu", (2, 2))
         hsdp = lambda t: distribute_tensor(t, mesh2, [Replicate(), Shard(0)])  # noqa: E731
