@@ -3,30 +3,28 @@
 // per-tensor step size, shared with the CUDA kernel); fused_optim/adagrad.py documents the class.
 // adagrad_compact_ is the same update on compact state (compact_state.h).
 #include "simd_blocks.h"  // before the shared rule (adagrad_math.h)
-#include "compact_state.h"
-#include "master_weights.h"
+#include "compact_state.h"  // the compact twin
 #include "multi_tensor.h"
-#include "op_args.h"
+#include "update_args.h"
 #include "ops.h"
 #include "../shared/adagrad_math.h"
 
 namespace fused_optim {
 namespace {
 
-// adagrad_ and its compact twin (compact_state.h): absmaxes and keys empty for adagrad_.
+// adagrad_ (inputs: PlainState, update_args.h) and its compact twin (CompactInputs, compact_args.h).
+template <typename Inputs>
 void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList sums, at::TensorList steps,
-                  at::TensorList masters, at::TensorList absmaxes, at::TensorList keys, double lr, double lr_decay,
-                  double weight_decay, double eps, bool maximize, bool stochastic_state, bool stochastic_params,
-                  c10::IntArrayRef element_offsets,
-                  const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+                  at::TensorList masters, double lr, double lr_decay, double weight_decay, double eps, bool maximize,
+                  const Inputs& inputs, const std::optional<at::Tensor>& lr_tensor,
+                  const std::optional<at::Tensor>& grad_scale,
                   const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
   const UpdatedParams params = checked_params("adagrad_", model, masters);
   const auto grads = checked_grads("adagrad_", params.model, grads_in, amp.unscale_grads);
-  const CompactArgs c =
-      compact_args("adagrad_", params, sums, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
+  const auto c = state_args("adagrad_", params, sums, inputs);
   check_state_list("adagrad_", "sums", params, sums, c, 0);
   check_steps("adagrad_", model, steps);
 
@@ -44,15 +42,13 @@ void adagrad_impl(at::TensorList model, at::TensorList grads_in, at::TensorList 
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;
     const auto base = adagrad_rule<FVec<T>>(eps, weight_decay, maximize, amp.inv_scale);
-    dispatch_format<T>(c, [&](auto format) {
-      constexpr StateFormat F = decltype(format)::value;
+    dispatch_streams<T, S>(params, c, [&](const auto& s) {
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
         const auto rule = base.for_tensor(step_size[t]);
         const auto g = grad_stream<T>(grads, t, amp);
-        with_param_stream<T, S>(params, c, t, [&](auto p) {
-          for_each_chunk<T>(
-              begin, end, [&](auto& pv, auto& gv, auto& sv) { rule.apply(pv, gv, sv); }, p, g,
-              state_stream<F, S>(c, sums, t, 0, 0, false));
+        s.with_param(t, [&](auto p) {
+          s.for_each(begin, end, [&](auto& pv, auto& gv, auto& sv) { rule.apply(pv, gv, sv); }, p, g,
+                     s.state(sums, t, 0, 0, false));
         });
       });
     });
@@ -68,8 +64,8 @@ void adagrad_cpu(at::TensorList model, at::TensorList grads, at::TensorList sums
                  at::TensorList masters, double lr, double lr_decay, double weight_decay, double eps, bool maximize,
                  const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                  const std::optional<at::Tensor>& found_inf) {
-  adagrad_impl(model, grads, sums, steps, masters, {}, {}, lr, lr_decay, weight_decay, eps, maximize, false, false, {},
-               lr_tensor, grad_scale, found_inf);
+  adagrad_impl(model, grads, sums, steps, masters, lr, lr_decay, weight_decay, eps, maximize, PlainState{}, lr_tensor,
+               grad_scale, found_inf);
 }
 
 void adagrad_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList sums, at::TensorList steps,
@@ -78,8 +74,9 @@ void adagrad_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorL
                          bool stochastic_params, c10::IntArrayRef element_offsets,
                          const std::optional<at::Tensor>& lr_tensor,
                          const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  adagrad_impl(model, grads, sums, steps, masters, absmaxes, keys, lr, lr_decay, weight_decay, eps, maximize,
-               stochastic_state, stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
+  adagrad_impl(model, grads, sums, steps, masters, lr, lr_decay, weight_decay, eps, maximize,
+               CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
+               grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

@@ -1,29 +1,27 @@
 // fused_optim::adam_ on the CPU: torch.optim.Adam / AdamW over a whole bucket in one parallel
-// region, step counters incremented here. The math: csrc/shared/adam_math.h (per element, shared
-// with the CUDA kernel) and bias_correction.h (per tensor); fused_optim/adam.py documents the class.
+// region, step counters incremented here. The math: csrc/shared/adam_math.h (per tensor and per
+// element, shared with the CUDA kernel); fused_optim/adam.py documents the class.
 // adam_compact_ is the same update on compact state (compact_state.h).
 #include "simd_blocks.h"  // before the shared rule (adam_math.h)
-#include "compact_state.h"
-#include "master_weights.h"
+#include "compact_state.h"  // the compact twin
 #include "multi_tensor.h"
-#include "op_args.h"
+#include "update_args.h"
 #include "ops.h"
 #include "../shared/adam_math.h"
-#include "../shared/bias_correction.h"
 
 #include <cmath>
 
 namespace fused_optim {
 namespace {
 
-// adam_ and its compact twin (compact_state.h): `c` empty for adam_.
+// adam_ (inputs: PlainState, update_args.h) and its compact twin (CompactInputs, compact_args.h).
+template <typename Inputs>
 void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
-               at::TensorList keys, double lr, double beta1, double beta2, double eps, double weight_decay,
-               bool amsgrad, bool decoupled, bool maximize, bool bias_correction, double div_scale,
-               bool stochastic_state,
-               bool stochastic_params, c10::IntArrayRef element_offsets, const std::optional<at::Tensor>& lr_tensor,
-               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
+               at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList masters, double lr, double beta1,
+               double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+               bool bias_correction, double div_scale, const Inputs& inputs,
+               const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
+               const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
@@ -31,8 +29,7 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
               "got ", div_scale);
   const UpdatedParams params = checked_params("adam_", model, masters);
   const auto grads = checked_grads("adam_", params.model, grads_in, amp.unscale_grads);
-  const CompactArgs c =
-      compact_args("adam_", params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params, element_offsets);
+  const auto c = state_args("adam_", params, exp_avgs, inputs);
   int slot = check_state_list("adam_", "exp_avgs", params, exp_avgs, c, 0);
   slot = check_state_list("adam_", "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   if (amsgrad) {
@@ -61,23 +58,21 @@ void adam_impl(at::TensorList model, at::TensorList grads_in, at::TensorList exp
     // grad_scale and ColossalAI's div_scale divide the grads in the update; only grad_scale is taken
     // out of the grads written back (grad_stream)
     const auto base = adam_rule<V>(lr, beta1, beta2, eps, weight_decay, decoupled, maximize, amp.inv_scale / div_scale);
-    dispatch_format<T>(c, [&](auto format) {
-      constexpr StateFormat F = decltype(format)::value;
+    dispatch_streams<T, S>(params, c, [&](const auto& s) {
       multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
         const AdamRule<V> rule = base.for_tensor(adam_steps[t]);
         const auto g = grad_stream<T>(grads, t, amp);
-        const auto m = state_stream<F, S>(c, exp_avgs, t, 0, 0, true);
-        const auto v = state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false);
-        with_param_stream<T, S>(params, c, t, [&](auto p) {
+        const auto m = s.state(exp_avgs, t, 0, 0, true);
+        const auto v = s.state(exp_avg_sqs, t, 1, 1, false);
+        s.with_param(t, [&](auto p) {
           if (amsgrad) {
-            for_each_chunk<T>(
+            s.for_each(
                 begin, end,
                 [&](auto& pv, auto& gv, auto& mv, auto& vv, auto& vmax) { rule.apply(pv, gv, mv, vv, vmax); },
-                p, g, m, v, state_stream<F, S>(c, max_exp_avg_sqs, t, 2, 2, false));
+                p, g, m, v, s.state(max_exp_avg_sqs, t, 2, 2, false));
           } else {
-            for_each_chunk<T>(
-                begin, end, [&](auto& pv, auto& gv, auto& mv, auto& vv) { rule.apply(pv, gv, mv, vv); }, p, g,
-                m, v);
+            s.for_each(begin, end, [&](auto& pv, auto& gv, auto& mv, auto& vv) { rule.apply(pv, gv, mv, vv); }, p,
+                       g, m, v);
           }
         });
       });
@@ -95,10 +90,8 @@ void adam_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avg
               double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
               bool bias_correction, double div_scale, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, {}, {}, lr, beta1, beta2, eps,
-            weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, false, false, {}, lr_tensor,
-            grad_scale,
-            found_inf);
+  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, lr, beta1, beta2, eps, weight_decay,
+            amsgrad, decoupled, maximize, bias_correction, div_scale, PlainState{}, lr_tensor, grad_scale, found_inf);
 }
 
 void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList exp_avgs,
@@ -109,10 +102,10 @@ void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
                       c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
-  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, absmaxes, keys, lr, beta1, beta2,
-            eps, weight_decay, amsgrad, decoupled, maximize, bias_correction, div_scale, stochastic_state,
-            stochastic_params, element_offsets,
-            lr_tensor, grad_scale, found_inf);
+  adam_impl(model, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, masters, lr, beta1, beta2, eps, weight_decay,
+            amsgrad, decoupled, maximize, bias_correction, div_scale,
+            CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
+            grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

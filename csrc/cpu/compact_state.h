@@ -11,11 +11,13 @@
 // and after the rule encodes the buffer with that absmax. Encoding and decoding run on SIMD lanes
 // (state_code_lanes.h): the per-element templates instantiated on lanes, a block's tail on floats.
 // The launchers cut tensors between threads only at multiples of kAlign (multi_tensor.h), itself
-// a multiple of kQuantBlock: a block is encoded by the one thread that owns it.
+// a multiple of kQuantBlock: a block is encoded by the one thread that owns it. A kernel's loop,
+// written once for its list op and its compact twin, gets these streams from CompactStreams
+// (dispatch_streams on CompactArgs), as it gets plain ones from update_args.h's PlainStreams.
 #pragma once
 
 #include "simd_blocks.h"
-#include "master_weights.h"
+#include "update_args.h"
 #include "state_code_lanes.h"
 #include "../host/checks.h"
 #include "../host/compact_args.h"
@@ -318,34 +320,59 @@ inline void for_each_chunk(int64_t begin, int64_t end, const Body& body, Stream.
   }
 }
 
-// ---- the compact arguments of an op --------------------------------------------------------
+// ---- the streams of a compact update ------------------------------------------------------
 
-// The stream of state list `list` (position k among the op's state lists: random stream 1 + k,
-// 8-bit absmax slot `slot`) of tensor t, in format F: the tensor's S data, Bf16State or Q8State.
-template <StateFormat F, typename S>
-auto state_stream(const CompactArgs& c, at::TensorList list, int64_t t, int k, int slot, bool is_signed) {
-  if constexpr (F == StateFormat::kPlain) {
-    return ptr<S>(list[t]);
-  } else if constexpr (F == StateFormat::kFp32) {  // of fp16 / bf16 values: read and written as fp32
-    return ptr<float>(list[t]);
-  } else if constexpr (F == StateFormat::kBf16) {
-    return Bf16State{ptr<c10::BFloat16>(list[t]),
-                     c.stochastic_state ? stream_seed(c.key_values[t], 1 + k) : 0u, c.stochastic_state, c.offset(t)};
-  } else {
-    return Q8State{ptr<uint8_t>(list[t]), ptr<float>(c.absmaxes[slot * list.size() + t]), is_signed};
+// The streams of a compact update (CompactArgs c, state format F), as update_args.h's
+// PlainStreams: state() the stream of state list `list` of tensor t (position k among the op's
+// state lists: random stream 1 + k; 8-bit absmax slot `slot`) in format F (the tensor's S data,
+// a Bf16State or a Q8State); with_param() the param's stream (an SrParam under stochastic
+// rounding of bf16 params); for_each() walks the elements in chunks (for_each_chunk).
+template <typename T, typename S, StateFormat F>
+struct CompactStreams {
+  static constexpr bool kPlainState = F == StateFormat::kPlain;  // (a compact twin given plain state)
+  const UpdatedParams& params;
+  const CompactArgs& c;
+
+  auto state(at::TensorList list, int64_t t, int k, int slot, bool is_signed) const {
+    if constexpr (F == StateFormat::kPlain) {
+      return ptr<S>(list[t]);
+    } else if constexpr (F == StateFormat::kFp32) {  // of fp16 / bf16 values: read and written as fp32
+      return ptr<float>(list[t]);
+    } else if constexpr (F == StateFormat::kBf16) {
+      return Bf16State{ptr<c10::BFloat16>(list[t]), c.stochastic_state ? stream_seed(c.key_values[t], 1 + k) : 0u,
+                       c.stochastic_state, c.offset(t)};
+    } else {
+      return Q8State{ptr<uint8_t>(list[t]), ptr<float>(c.absmaxes[slot * list.size() + t]), is_signed};
+    }
   }
-}
+  template <typename Stream>
+  static auto read_only(const Stream& s) {
+    return fused_optim::read_only(s);
+  }
+  template <typename Fn>
+  void with_param(int64_t t, const Fn& f) const {
+    if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<S, T>) {
+      if (c.stochastic_params) return f(SrParam{ptr<T>(params.model[t]), stream_seed(c.key_values[t], 0), c.offset(t)});
+    }
+    f(param_stream<T, S>(params, t));
+  }
+  template <typename Body, typename... Stream>
+  void for_each(int64_t begin, int64_t end, const Body& body, Stream... streams) const {
+    for_each_chunk<T>(begin, end, body, streams...);
+  }
+};
 
-// f(std::integral_constant<StateFormat, format>) for the call's format; compact formats only for
+// f(CompactStreams) for an update of types (T, S) in the call's format; compact formats only for
 // fp32 math (the decoded buffers are fp32).
-template <typename T, typename F>
-void dispatch_format(const CompactArgs& c, const F& f) {
+template <typename T, typename S, typename F>
+void dispatch_streams(const UpdatedParams& params, const CompactArgs& c, const F& f) {
+  auto run = [&](auto format) { f(CompactStreams<T, S, decltype(format)::value>{params, c}); };
   if constexpr (std::is_same_v<opmath_t<T>, float>) {
     switch (c.format) {
-      case StateFormat::kBf16: return f(std::integral_constant<StateFormat, StateFormat::kBf16>{});
-      case StateFormat::k8bit: return f(std::integral_constant<StateFormat, StateFormat::k8bit>{});
+      case StateFormat::kBf16: return run(std::integral_constant<StateFormat, StateFormat::kBf16>{});
+      case StateFormat::k8bit: return run(std::integral_constant<StateFormat, StateFormat::k8bit>{});
       case StateFormat::kFp32:  // (fp32 values' fp32 state is plain)
-        if constexpr (!std::is_same_v<T, float>) return f(std::integral_constant<StateFormat, StateFormat::kFp32>{});
+        if constexpr (!std::is_same_v<T, float>) return run(std::integral_constant<StateFormat, StateFormat::kFp32>{});
         break;
       case StateFormat::kPlain: break;
     }
@@ -353,16 +380,7 @@ void dispatch_format(const CompactArgs& c, const F& f) {
     TORCH_CHECK(c.format == StateFormat::kPlain,
                 "fused_optim: compact state needs float32, float16 or bfloat16 params");
   }
-  return f(std::integral_constant<StateFormat, StateFormat::kPlain>{});
-}
-
-// f(param stream): the param_stream of master_weights.h, or an SrParam for stochastic rounding.
-template <typename T, typename S, typename F>
-void with_param_stream(const UpdatedParams& params, const CompactArgs& c, int64_t t, const F& f) {
-  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<S, T>) {
-    if (c.stochastic_params) return f(SrParam{ptr<T>(params.model[t]), stream_seed(c.key_values[t], 0), c.offset(t)});
-  }
-  f(param_stream<T, S>(params, t));
+  return run(std::integral_constant<StateFormat, StateFormat::kPlain>{});
 }
 
 }  // namespace fused_optim

@@ -14,11 +14,10 @@
 // the sums only run pass 1 with the moments read, not stored (written for every tensor, whether
 // or not the trust ratio is on), and leave the step counters and rounding keys as they were.
 #include "simd_blocks.h"  // before the shared rule (lamb_math.h)
-#include "compact_state.h"
+#include "compact_state.h"  // the compact twins
 #include "fixed_order_sums.h"
-#include "master_weights.h"
 #include "multi_tensor.h"
-#include "op_args.h"
+#include "update_args.h"
 #include "ops.h"
 #include "two_pass.h"
 #include "../shared/lamb_math.h"
@@ -99,32 +98,32 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   return lamb_grad_multiplier(a.amp.inv_scale, norm, a.max_grad_norm);
 }
 
-// A moment stream as pass 1 takes it: written back (kStore), or read only (the sums only: the new
-// moments are computed in registers for u and dropped).
-template <bool kStore, typename Stream>
-auto stored_if(const Stream& s) {
+// A moment stream of `streams` as pass 1 takes it: written back (kStore), or read only (the sums
+// only: the new moments are computed in registers for u and dropped).
+template <bool kStore, typename Streams, typename Stream>
+auto stored_if(const Streams& streams, const Stream& s) {
   if constexpr (kStore) {
     return s;
   } else {
-    return read_only(s);
+    return streams.read_only(s);
   }
 }
 
-// T: the params' and grads' dtype; S: that of the values updated (master_weights.h); F: the
-// moments' format (S, or compact: compact_state.h). With `norm` (two_pass.h) pass 1 alone, the
+// T: the params' and grads' dtype; S: that of the values updated; Streams: the moments' streams
+// (update_args.h: plain, or compact_state.h). With `norm` (two_pass.h) pass 1 alone, the
 // moments not stored (the sums only), or the trust ratio from the sums given.
-template <typename T, typename S, StateFormat F>
+template <typename T, typename S, typename Streams>
 void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, const Lamb& a, const CompactArgs& c, const NormSums& norm) {
+                at::TensorList exp_avg_sqs, const Lamb& a, const Streams& s, const NormSums& norm) {
   using M = opmath_t<T>;
   using V = FVec<T>;
   const size_t n = params.model.size();
   const auto numels = numels_of(params.model);
   const double grad_mul = grad_multiplier<T>(grads, numels, a);
   auto rule_of = [&](size_t t) { return lamb_rule<V>(a, grad_mul, a.tensors[t]); };
-  auto m_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avgs, t, 0, 0, true); };
-  auto v_of = [&](int64_t t) { return state_stream<F, S>(c, exp_avg_sqs, t, 1, 1, false); };
-  const KeptU<S> kept_u(numels, F == StateFormat::kPlain && a.trust_ratio && !norm.sums_only);
+  auto m_of = [&](int64_t t) { return s.state(exp_avgs, t, 0, 0, true); };
+  auto v_of = [&](int64_t t) { return s.state(exp_avg_sqs, t, 1, 1, false); };
+  const KeptU<S> kept_u(numels, Streams::kPlainState && a.trust_ratio && !norm.sums_only);
   // Pass 1 over items [begin, end) of tensor t: the new moments (stored when `store` is true),
   // ||p||^2 and ||u||^2 of u from the new moments (kept for pass 2 where kept_u says).
   auto first_pass = [&](auto store) {
@@ -134,7 +133,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
       M* keep = kept_u.at(t, where);
       if (keep != nullptr) keep += begin;
       V p2(0), u2(0);
-      for_each_chunk<T>(
+      s.for_each(
           begin, end,
           [&](auto& p, auto& g, auto& m, auto& v) {
             rule.moments(p, g, m, v);
@@ -146,8 +145,8 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
               keep += V::size();
             }
           },
-          cptr<S>(params.values()[t]), grad_stream<T>(grads, t, kStore ? a.amp : AmpArgs{}), stored_if<kStore>(m_of(t)),
-          stored_if<kStore>(v_of(t)));
+          cptr<S>(params.values()[t]), grad_stream<T>(grads, t, kStore ? a.amp : AmpArgs{}),
+          stored_if<kStore>(s, m_of(t)), stored_if<kStore>(s, v_of(t)));
       return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
     };
   };
@@ -158,8 +157,8 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
     multi_tensor_apply(numels, [&](int64_t t, int64_t begin, int64_t end) {
       const auto rule = rule_of(t);
       const V step(static_cast<M>(neg_lr[t]));
-      with_param_stream<T, S>(params, c, t, [&](auto p) {
-        for_each_chunk<T>(
+      s.with_param(t, [&](auto p) {
+        s.for_each(
             begin, end,
             [&](auto& pv, auto& g, auto& m, auto& v) {
               rule.moments(pv, g, m, v);
@@ -189,26 +188,24 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
           return;
         }
         const auto rule = rule_of(t);
-        with_param_stream<T, S>(params, c, t, [&](auto p) {
-          for_each_chunk<T>(
+        s.with_param(t, [&](auto p) {
+          s.for_each(
               begin, end, [&](auto& pv, auto& m, auto& v) { rule.apply(pv, step, rule.direction(pv, m, v)); }, p,
-              read_only(m_of(t)), read_only(v_of(t)));
+              s.read_only(m_of(t)), s.read_only(v_of(t)));
         });
       },
       norm.rows);
 }
 
-// Checks, the per-tensor step counters and numbers (lamb_tensor), and the update; absmaxes and
-// keys empty but for the compact twins.
+// Checks, the per-tensor step counters and numbers (lamb_tensor), and the update; inputs:
+// PlainState for the list ops, CompactInputs for the compact twins.
+template <typename Inputs>
 void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList exp_avgs,
-              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, at::TensorList absmaxes,
-              at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
-              Lamb& a, double lr,
-              const NormSums& norm) {
+              at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, const Inputs& inputs, Lamb& a,
+              double lr, const NormSums& norm) {
   const UpdatedParams params = checked_params(op, model, masters);
   const auto grads = checked_grads(op, params.model, grads_in, a.amp.unscale_grads && !norm.sums_only);
-  const CompactArgs c = compact_args(op, params, exp_avgs, absmaxes, keys, stochastic_state, stochastic_params,
-                                     element_offsets);
+  const auto c = state_args(op, params, exp_avgs, inputs);
   const int slot = check_state_list(op, "exp_avgs", params, exp_avgs, c, 0);
   check_state_list(op, "exp_avg_sqs", params, exp_avg_sqs, c, slot);
   check_steps(op, model, steps);
@@ -222,9 +219,9 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
   }
   dispatch_update(params, [&](auto types) {
     using T = typename decltype(types)::grad_t;
-    dispatch_format<T>(c, [&](auto format) {
-      lamb_typed<T, typename decltype(types)::state_t, decltype(format)::value>(params, grads, exp_avgs, exp_avg_sqs,
-                                                                               a, c, norm);
+    using S = typename decltype(types)::state_t;
+    dispatch_streams<T, S>(params, c, [&](const auto& s) {
+      lamb_typed<T, S>(params, grads, exp_avgs, exp_avg_sqs, a, s, norm);
     });
   });
   if (norm.sums_only) return;  // the step counters, rounding keys and grads as they were
@@ -233,13 +230,13 @@ void run_lamb(const char* op, at::TensorList model, at::TensorList grads_in, at:
   advance_keys(c);
 }
 
-// lamb_ and its compact twin (absmaxes and keys empty for lamb_).
+// lamb_ (inputs: PlainState) and its compact twin (CompactInputs).
+template <typename Inputs>
 void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-               at::TensorList steps, at::TensorList master_params, at::TensorList absmaxes, at::TensorList keys,
-               double lr, double beta1, double beta2, double eps, double weight_decay, bool bias_correction,
-               bool grad_averaging, bool adam_w_mode, double max_grad_norm, bool use_nvlamb, bool trust_clip,
-               const std::optional<at::Tensor>& global_grad_norm, const std::optional<at::Tensor>& norm_sums,
-               bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
+               at::TensorList steps, at::TensorList master_params, double lr, double beta1, double beta2, double eps,
+               double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
+               bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
+               const std::optional<at::Tensor>& norm_sums, bool sums_only, const Inputs& inputs,
                const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("lamb_", norm_sums, sums_only, params);
@@ -254,17 +251,15 @@ void lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_a
     TORCH_CHECK(global_grad_norm->numel() == 1, "fused_optim::lamb_: global_grad_norm must have one element");
     a.grad_norm = global_grad_norm->item<double>() * amp.inv_scale;
   }
-  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys, stochastic_state,
-           stochastic_params, element_offsets, a, lr, norm);
+  run_lamb("lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, inputs, a, lr, norm);
 }
 
 // colossal_lamb_ and its compact twin.
+template <typename Inputs>
 void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
-                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params,
-                        at::TensorList absmaxes, at::TensorList keys, double lr, double beta1, double beta2,
-                        double eps, double weight_decay, bool adam, bool bias_correction,
-                        const std::optional<at::Tensor>& norm_sums, bool sums_only, bool stochastic_state,
-                        bool stochastic_params, c10::IntArrayRef element_offsets,
+                        at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
+                        const std::optional<at::Tensor>& norm_sums, bool sums_only, const Inputs& inputs,
                         const std::optional<at::Tensor>& lr_tensor,
                         const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const NormSums norm = norm_sums_of("colossal_lamb_", norm_sums, sums_only, params);
@@ -274,8 +269,7 @@ void colossal_lamb_impl(at::TensorList params, at::TensorList grads, at::TensorL
   Lamb a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   a.amp = amp;
-  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, keys,
-           stochastic_state, stochastic_params, element_offsets, a, lr, norm);
+  run_lamb("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, inputs, a, lr, norm);
 }
 
 }  // namespace
@@ -286,9 +280,9 @@ void lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_av
               bool use_nvlamb, bool trust_clip, const std::optional<at::Tensor>& global_grad_norm,
               const std::optional<at::Tensor>& norm_sums, bool sums_only, const std::optional<at::Tensor>& lr_tensor,
               const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps, weight_decay,
+  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
             bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
-            norm_sums, sums_only, false, false, {}, lr_tensor, grad_scale, found_inf);
+            norm_sums, sums_only, PlainState{}, lr_tensor, grad_scale, found_inf);
 }
 
 void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -300,11 +294,11 @@ void lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorLis
                       bool sums_only, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
                       const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                       const std::optional<at::Tensor>& found_inf) {
-  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1, beta2,
-            eps, weight_decay, bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip,
-            global_grad_norm, norm_sums, sums_only, stochastic_state, stochastic_params, element_offsets, lr_tensor,
-            grad_scale,
-            found_inf);
+  lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+            bias_correction, grad_averaging, adam_w_mode, max_grad_norm, use_nvlamb, trust_clip, global_grad_norm,
+            norm_sums, sums_only,
+            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
+            grad_scale, found_inf);
 }
 
 void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -313,9 +307,8 @@ void colossal_lamb_cpu(at::TensorList params, at::TensorList grads, at::TensorLi
                        const std::optional<at::Tensor>& norm_sums, bool sums_only,
                        const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                        const std::optional<at::Tensor>& found_inf) {
-  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, {}, {}, lr, beta1, beta2, eps,
-                     weight_decay, adam, bias_correction, norm_sums, sums_only, false, false, {}, lr_tensor, grad_scale,
-                     found_inf);
+  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+                     adam, bias_correction, norm_sums, sums_only, PlainState{}, lr_tensor, grad_scale, found_inf);
 }
 
 void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
@@ -327,9 +320,10 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                                const std::optional<at::Tensor>& lr_tensor,
                                const std::optional<at::Tensor>& grad_scale,
                                const std::optional<at::Tensor>& found_inf) {
-  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, absmaxes, rounding_keys, lr, beta1,
-                     beta2, eps, weight_decay, adam, bias_correction, norm_sums, sums_only, stochastic_state,
-                     stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
+  colossal_lamb_impl(params, grads, exp_avgs, exp_avg_sqs, steps, master_params, lr, beta1, beta2, eps, weight_decay,
+                     adam, bias_correction, norm_sums, sums_only,
+                     CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets},
+                     lr_tensor, grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

@@ -1,10 +1,10 @@
 // The SGD family kernel (see sgd_family.h) and the ops that are nothing but it:
 //   sgd_      torch.optim.SGD (fused_optim/sgd.py)
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
+#include "compact_state.h"  // the compact twins
 #include "fixed_order_sums.h"
-#include "master_weights.h"
 #include "multi_tensor.h"
-#include "op_args.h"
+#include "update_args.h"
 #include "ops.h"
 #include "sgd_family.h"
 #include "simd_blocks.h"
@@ -17,8 +17,9 @@ namespace fused_optim {
 namespace {
 
 // The update of elements [begin, end) of tensor t, with tensor t's numbers from args; T the
-// params' and grads' dtype, S that of the values updated and the buffers (master_weights.h).
-template <typename T, typename S, SgdDirection D, StateFormat F>
+// params' and grads' dtype, S that of the values updated and the buffers, Streams their streams
+// (update_args.h).
+template <typename T, typename S, SgdDirection D, typename Streams>
 struct SgdUpdate {
   using grad_t = T;
   using state_t = S;
@@ -27,18 +28,19 @@ struct SgdUpdate {
   at::TensorList bufs;
   const c10::List<bool>& first_step;
   const SgdFamily& a;
+  const Streams& s;
 
   void operator()(int64_t t, int64_t begin, int64_t end) const {
     const auto rule = sgd_rule<FVec<T>, D>({a.grad_mul[t], a.weight_decay[t], a.lr[t]}, a.momentum, a.dampening,
                                            a.clamp, a.nesterov, a.wd_after_momentum,
                                            !first_step.empty() && first_step[t]);
     const auto g = grad_stream<T>(grads, t, a.amp);
-    with_param_stream<T, S>(params, a.compact, t, [&](auto p) {
+    s.with_param(t, [&](auto p) {
       if (a.momentum != 0.0) {
-        for_each_chunk<T>(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
-                          state_stream<F, S>(a.compact, bufs, t, 0, 0, true));
+        s.for_each(begin, end, [&](auto& pv, auto& gv, auto& bv) { rule.apply(pv, gv, bv); }, p, g,
+                   s.state(bufs, t, 0, 0, true));
       } else {
-        for_each_chunk<T>(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
+        s.for_each(begin, end, [&](auto& pv, auto& gv) { rule.apply(pv, gv); }, p, g);
       }
     });
   }
@@ -46,16 +48,17 @@ struct SgdUpdate {
 
 // f(update) with the SgdUpdate of the params' types and the direction, one of Ds (the directions
 // the launch takes: each is compiled for every type and state format).
-template <SgdDirection... Ds, typename F>
+template <SgdDirection... Ds, typename States, typename F>
 void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
-                 const c10::List<bool>& first_step, const SgdFamily& a, const F& f) {
+                 const c10::List<bool>& first_step, const SgdFamily& a, const States& states, const F& f) {
   dispatch_update(params, [&](auto types) {
     using T = typename decltype(types)::grad_t;
     using S = typename decltype(types)::state_t;
-    dispatch_format<T>(a.compact, [&](auto format) {
-      constexpr StateFormat Fmt = decltype(format)::value;
+    dispatch_streams<T, S>(params, states, [&](const auto& s) {
+      using Streams = std::decay_t<decltype(s)>;
       const bool taken =
-          ((a.direction == Ds && (f(SgdUpdate<T, S, Ds, Fmt>{params, grads, bufs, first_step, a}), true)) || ...);
+          ((a.direction == Ds && (f(SgdUpdate<T, S, Ds, Streams>{params, grads, bufs, first_step, a, s}), true)) ||
+           ...);
       TORCH_CHECK(taken, "fused_optim: an SGD-family launch got a direction it is not compiled for");
     });
   });
@@ -63,40 +66,25 @@ void with_update(const UpdatedParams& params, const ContiguousTensors& grads, at
 
 }  // namespace
 
-SgdCall sgd_call(const char* op, at::TensorList model, at::TensorList grads_in, at::TensorList bufs,
-                 at::TensorList masters, const c10::List<bool>& first_step, double momentum, at::TensorList absmaxes,
-                 at::TensorList keys, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
-                 bool written) {
-  SgdCall call{checked_params(op, model, masters), checked_grads(op, model, grads_in, written), {}};
-  call.compact = compact_args(op, call.params, bufs, absmaxes, keys, stochastic_state, stochastic_params,
-                              element_offsets);
-  if (momentum != 0.0) {
-    check_state_list(op, "momentum_buffers", call.params, bufs, call.compact, 0);
-    TORCH_CHECK(first_step.size() == model.size() || first_step.empty(), "fused_optim::", op,
-                ": first_step needs one flag per param (or none: no first steps)");
-  } else {
-    TORCH_CHECK(bufs.empty(), "fused_optim::", op, ": momentum_buffers must be empty when momentum == 0");
-  }
-  return call;
-}
-
+template <typename States>
 void sgd_family(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
-                const c10::List<bool>& first_step, const SgdFamily& args) {
+                const c10::List<bool>& first_step, const SgdFamily& args, const States& states) {
   if (params.model.empty()) return;
   with_update<SgdDirection::kPlain, SgdDirection::kSign, SgdDirection::kClamp>(
-      params, grads, bufs, first_step, args,
+      params, grads, bufs, first_step, args, states,
       [&](const auto& update) { multi_tensor_apply(numels_of(params.model), update); });
-  advance_keys(args.compact);
+  advance_keys(states);
   finish_grads(grads, args.amp);
 }
 
+template <typename States>
 void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors& grads, at::TensorList bufs,
-                            const c10::List<bool>& first_step, const SgdFamily& args, const SetNumbers& set,
-                            const NormSums& norm) {
+                            const c10::List<bool>& first_step, const SgdFamily& args, const States& states,
+                            const SetNumbers& set, const NormSums& norm) {
   if (params.model.empty()) return;
   // LARS and ColossalAI's Lars: no sign direction (each direction is compiled for every type and format)
   constexpr auto kPlain = SgdDirection::kPlain, kClamp = SgdDirection::kClamp;
-  with_update<kPlain, kClamp>(params, grads, bufs, first_step, args, [&](const auto& update) {
+  with_update<kPlain, kClamp>(params, grads, bufs, first_step, args, states, [&](const auto& update) {
     using T = typename std::decay_t<decltype(update)>::grad_t;
     using S = typename std::decay_t<decltype(update)>::state_t;
     const auto numels = numels_of(params.model);
@@ -112,29 +100,40 @@ void sgd_family_after_norms(const UpdatedParams& params, const ContiguousTensors
         [&](int64_t t, int64_t begin, int64_t end, Placement) { update(t, begin, end); }, norm.rows);
   });
   if (norm.sums_only) return;
-  advance_keys(args.compact);
+  advance_keys(states);
   finish_grads(grads, args.amp);
 }
 
+template void sgd_family(const UpdatedParams&, const ContiguousTensors&, at::TensorList, const c10::List<bool>&,
+                         const SgdFamily&, const PlainState&);
+template void sgd_family(const UpdatedParams&, const ContiguousTensors&, at::TensorList, const c10::List<bool>&,
+                         const SgdFamily&, const CompactArgs&);
+template void sgd_family_after_norms(const UpdatedParams&, const ContiguousTensors&, at::TensorList,
+                                     const c10::List<bool>&, const SgdFamily&, const PlainState&, const SetNumbers&,
+                                     const NormSums&);
+template void sgd_family_after_norms(const UpdatedParams&, const ContiguousTensors&, at::TensorList,
+                                     const c10::List<bool>&, const SgdFamily&, const CompactArgs&, const SetNumbers&,
+                                     const NormSums&);
+
 namespace {
 
-// SGD and SignSGD: the same numbers for every tensor (absmaxes / keys empty: the plain op).
+// SGD and SignSGD: the same numbers for every tensor (inputs: PlainState for the list op,
+// CompactInputs for the compact twin).
+template <typename Inputs>
 void sgd_like(const char* op, SgdDirection direction, at::TensorList model, at::TensorList grads_in,
-              at::TensorList bufs, at::TensorList masters, at::TensorList absmaxes, at::TensorList keys,
-              const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-              bool wd_after_momentum, bool stochastic_state, bool stochastic_params, c10::IntArrayRef element_offsets,
-              const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
-              const std::optional<at::Tensor>& found_inf) {
+              at::TensorList bufs, at::TensorList masters, const c10::List<bool>& first_step, double lr,
+              double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+              bool wd_after_momentum, const Inputs& inputs, const std::optional<at::Tensor>& lr_tensor,
+              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
   const AmpArgs amp = read_amp(grad_scale, found_inf);
   lr = read_lr(lr, lr_tensor);
   if (amp.skip || model.empty()) return;
-  SgdCall call = sgd_call(op, model, grads_in, bufs, masters, first_step, momentum, absmaxes, keys, stochastic_state,
-                          stochastic_params, element_offsets, amp.unscale_grads);
+  const auto call = sgd_call(op, model, grads_in, bufs, masters, first_step, momentum, inputs, amp.unscale_grads);
   const size_t n = model.size();
   SgdFamily args{direction, momentum, dampening, 0.0, nesterov, wd_after_momentum,
                  std::vector<double>(n, maximize ? -amp.inv_scale : amp.inv_scale),
-                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr), std::move(call.compact), amp};
-  sgd_family(call.params, call.grads, bufs, first_step, args);
+                 std::vector<double>(n, weight_decay), std::vector<double>(n, lr), amp};
+  sgd_family(call.params, call.grads, bufs, first_step, args, call.states);
 }
 
 }  // namespace
@@ -143,9 +142,9 @@ void sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentu
              at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
              bool nesterov, bool maximize, bool wd_after_momentum, const std::optional<at::Tensor>& lr_tensor,
              const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, {}, {}, first_step, lr,
-           momentum, dampening, weight_decay, nesterov, maximize, wd_after_momentum, false, false, {}, lr_tensor,
-           grad_scale, found_inf);
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, lr, momentum,
+           dampening, weight_decay, nesterov, maximize, wd_after_momentum, PlainState{}, lr_tensor, grad_scale,
+           found_inf);
 }
 
 void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -155,18 +154,18 @@ void sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList
                      bool stochastic_params, c10::IntArrayRef element_offsets,
                      const std::optional<at::Tensor>& lr_tensor,
                      const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,
-           first_step, lr, momentum, dampening, weight_decay, nesterov, maximize, wd_after_momentum, stochastic_state,
-           stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
+  sgd_like("sgd_", SgdDirection::kPlain, params, grads, momentum_buffers, master_params, first_step, lr, momentum,
+           dampening, weight_decay, nesterov, maximize, wd_after_momentum,
+           CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
+           grad_scale, found_inf);
 }
 
 void sign_sgd_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                   at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum, double dampening, double weight_decay,
                   bool nesterov, const std::optional<at::Tensor>& lr_tensor,
                   const std::optional<at::Tensor>& grad_scale, const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, {}, {}, first_step, lr,
-           momentum, dampening, weight_decay, nesterov, false, false, false, false, {}, lr_tensor, grad_scale,
-           found_inf);
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step, lr, momentum,
+           dampening, weight_decay, nesterov, false, false, PlainState{}, lr_tensor, grad_scale, found_inf);
 }
 
 void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -176,9 +175,10 @@ void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::Tenso
                           c10::IntArrayRef element_offsets,
                           const std::optional<at::Tensor>& lr_tensor, const std::optional<at::Tensor>& grad_scale,
                           const std::optional<at::Tensor>& found_inf) {
-  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, absmaxes, rounding_keys,
-           first_step, lr, momentum, dampening, weight_decay, nesterov, false, false, stochastic_state,
-           stochastic_params, element_offsets, lr_tensor, grad_scale, found_inf);
+  sgd_like("sign_sgd_", SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step, lr, momentum,
+           dampening, weight_decay, nesterov, false, false,
+           CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
+           grad_scale, found_inf);
 }
 
 }  // namespace fused_optim

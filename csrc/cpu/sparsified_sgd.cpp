@@ -6,9 +6,8 @@
 //        shard applies those of its whole tensor inside its box)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
 #include "../host/sparse_indices.h"
-#include "master_weights.h"
 #include "multi_tensor.h"
-#include "op_args.h"
+#include "update_args.h"
 #include "ops.h"
 #include "simd_blocks.h"
 

@@ -1,5 +1,5 @@
 // fused_optim::adam_ on CUDA (the CPU twin: csrc/cpu/adam.cpp): torch.optim.Adam / AdamW. The
-// math: csrc/shared/adam_math.h per element, bias_correction.h per tensor, with the tensor's step
+// math: csrc/shared/adam_math.h per element and per tensor, with the tensor's step
 // s = steps[t] + 1 read by each block; then steps[t] <- s (increment_steps_launch), all skipped
 // when found_inf is set. With master weights the one pass reads the fp16/bf16 grads, updates the
 // fp32 masters and moments and writes the rounded params. adam_compact_: the same functor on
@@ -9,7 +9,6 @@
 #include "launch.h"
 #include "multi_tensor_apply.cuh"
 #include "../shared/adam_math.h"
-#include "../shared/bias_correction.h"
 
 namespace fused_optim {
 namespace cuda {

@@ -175,13 +175,6 @@ struct SumsScratch {
   }
 };
 
-// What a compact twin passes besides its list op's arguments; empty for the list op.
-struct CompactInputs {
-  at::TensorList absmaxes, keys;
-  bool stochastic_state = false, stochastic_params = false;
-  c10::IntArrayRef element_offsets;
-};
-
 // A call's compact arguments (compact_args.h: the format from the state list `first`, checked as
 // the CPU kernels check them) for the kernels: the absmax pointers of its 8-bit lists (list-major,
 // as the op takes them) and the step's rounding keys copied to the device. The key tensors stay
@@ -191,8 +184,7 @@ class CompactCall {
  public:
   CompactCall(const char* op, const UpdatedParams& params, at::TensorList first, const CompactInputs& in,
               at::Device device)
-      : args_(compact_args(op, params, first, in.absmaxes, in.keys, in.stochastic_state, in.stochastic_params,
-                           in.element_offsets)) {
+      : args_(state_args(op, params, first, in)) {
     if (args_.format == StateFormat::k8bit) absmaxes_ = pointers(in.absmaxes);
     if (args_.stochastic()) {
       keys_ = on_device(args_.key_values, device);

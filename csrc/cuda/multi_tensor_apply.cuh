@@ -279,7 +279,7 @@ __device__ __forceinline__ void store_vector(S* p, const S (&raw)[kVec]) {
   }
 }
 
-// The grads an update's last pass over them writes back unscaled (the contract: csrc/cpu/op_args.h
+// The grads an update's last pass over them writes back unscaled (the contract: csrc/cpu/update_args.h
 // AmpArgs): given GradScaler's grad_scale (a device pointer) other than 1, the launch's last
 // element list, the grads, is stored back as g * (1/grad_scale) from the values loaded, before
 // op runs, rounded to the grads' dtype.

@@ -79,11 +79,18 @@ inline int check_state_list(const char* op, const char* what, const UpdatedParam
   return slot + 1;
 }
 
-// The compact arguments of a call after its checks: the format from `first` (a state list), the
-// keys read.
-inline CompactArgs compact_args(const char* op, const UpdatedParams& params, at::TensorList first,
-                                at::TensorList absmaxes, at::TensorList keys, bool stochastic_state,
-                                bool stochastic_params, c10::IntArrayRef element_offsets) {
+// What a compact twin passes besides its list op's arguments.
+struct CompactInputs {
+  at::TensorList absmaxes, keys;
+  bool stochastic_state = false, stochastic_params = false;
+  c10::IntArrayRef element_offsets;
+};
+
+// The compact arguments of a call after their checks: the format from `first` (a state list), the
+// keys read. (A list op's state: PlainState, csrc/cpu/update_args.h.)
+inline CompactArgs state_args(const char* op, const UpdatedParams& params, at::TensorList first,
+                              const CompactInputs& in) {
+  const auto& [absmaxes, keys, stochastic_state, stochastic_params, element_offsets] = in;
   CompactArgs c{absmaxes, keys, stochastic_state, stochastic_params, StateFormat::kPlain, {}, {}};
   TORCH_CHECK(element_offsets.empty() || element_offsets.size() == params.model.size(), "fused_optim::", op,
               ": element_offsets has ", element_offsets.size(), " entries for ", params.model.size(),

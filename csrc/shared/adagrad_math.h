@@ -10,7 +10,6 @@
 // quotient and the sum, as torch's `p.addcdiv_(g, std, value=-clr)`.
 #pragma once
 
-#include "host_device.h"
 #include "primitives.h"
 
 namespace fused_optim {

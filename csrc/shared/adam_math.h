@@ -1,7 +1,10 @@
-// Adam / AdamW's update per element (torch.optim.Adam's order of operations), on the CPU
-// (csrc/cpu/adam.cpp: V = at::vec::Vectorized<float/double>) and on CUDA (csrc/cuda/adam.cu: V =
-// float/double), in opmath. With the tensor's numbers (step size and 1/sqrt(bc2):
-// bias_correction.h):
+// Adam / AdamW's math: the bias corrections of a tensor's step count (per tensor, on double; LAMB's
+// too, lamb_math.h) and the update per element (torch.optim.Adam's order of operations), on the
+// CPU (csrc/cpu/adam.cpp: V = at::vec::Vectorized<float/double>) and on CUDA (csrc/cuda/adam.cu:
+// V = float/double), in opmath. Per tensor, `step` its count after this step's increment:
+//   bc1 = 1 - beta1^step,  bc2 = 1 - beta2^step     (both 1 without bias correction)
+//   step size lr/bc1, and 1/sqrt(bc2)                (AdamStep)
+// Per element, with the tensor's numbers:
 //   g <- grad_mul*g                          (grad_mul = ±1/grad_scale, − when maximize)
 //   p <- p*(1 - lr*wd) (decoupled: AdamW), or g <- g + wd*p (L2: Adam)      (only when wd != 0)
 //   m <- m + (1 - beta1)*(g - m)
@@ -12,11 +15,48 @@
 // ((1 - beta2)*g)*g.
 #pragma once
 
-#include "bias_correction.h"
-#include "host_device.h"
 #include "primitives.h"
 
+#include <math.h>
+
 namespace fused_optim {
+
+struct BiasCorrection {
+  double bc1 = 1.0, bc2 = 1.0;
+};
+
+// step: the step count after this step's increment (1 on the first step).
+FUSED_OPTIM_HD BiasCorrection bias_correction(double beta1, double beta2, double step, bool enabled) {
+  if (!enabled) return {};
+  return {1.0 - pow(beta1, step), 1.0 - pow(beta2, step)};
+}
+
+// The bias corrections of the step counts of a bucket's tensors in turn (on the host), recomputed
+// only when a count differs from the previous one: a bucket's tensors usually share it, and pow
+// was ~4% of a LAMB step of 200 small tensors.
+class BiasCorrections {
+ public:
+  BiasCorrections(double beta1, double beta2, bool enabled) : beta1_(beta1), beta2_(beta2), enabled_(enabled) {}
+
+  const BiasCorrection& at(double step) {
+    if (step != step_) bc_ = bias_correction(beta1_, beta2_, step, enabled_);
+    step_ = step;
+    return bc_;
+  }
+
+ private:
+  double beta1_, beta2_;
+  bool enabled_;
+  double step_ = -1.0;  // no step count: the first at() computes
+  BiasCorrection bc_;
+};
+
+struct AdamStep {
+  double step_size;     // lr/bc1
+  double inv_bc2_sqrt;  // 1/sqrt(bc2)
+};
+
+FUSED_OPTIM_HD AdamStep adam_step(double lr, const BiasCorrection& bc) { return {lr / bc.bc1, 1.0 / sqrt_of(bc.bc2)}; }
 
 // The decoupled decay factor 1 - lr*wd, on double.
 FUSED_OPTIM_HD double decoupled_decay(double lr, double weight_decay) { return 1.0 - lr * weight_decay; }

@@ -7,15 +7,14 @@
 //   v <- beta2*v + (1 - beta2)*g^*g^
 //   u <- (m*c1) / (sqrt(v)*c2 + eps) (+ wd*p in decoupled mode, when wd != 0)
 //   p <- p - lr_t*r*u              (r: the trust ratio, lamb_trust_ratio in trust_ratio.h, or 1)
-// Per tensor, with bc1, bc2 of its step (bias_correction.h):
+// Per tensor, with bc1, bc2 of its step (Adam's bias corrections, adam_math.h):
 //   lamb_          (apex/ColossalAI FusedLAMB = timm Lamb): c1 = 1/bc1, c2 = 1/sqrt(bc2), lr_t = lr
 //   colossal_lamb_ (ColossalAI Lamb):                       c1 = c2 = 1, lr_t = lr*sqrt(bc2)/bc1
 // Each x*y + z above is one fused multiply-add (mul_add, primitives.h), (1 - beta2)*g^*g^ is
 // ((1 - beta2)*g^)*g^.
 #pragma once
 
-#include "bias_correction.h"
-#include "host_device.h"
+#include "adam_math.h"
 #include "primitives.h"
 
 namespace fused_optim {

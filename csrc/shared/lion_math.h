@@ -11,7 +11,6 @@
 #pragma once
 
 #include "adam_math.h"  // decoupled_decay
-#include "host_device.h"
 #include "primitives.h"
 
 namespace fused_optim {

@@ -13,7 +13,6 @@
 // when wd == 0.
 #pragma once
 
-#include "host_device.h"
 #include "primitives.h"
 
 namespace fused_optim {

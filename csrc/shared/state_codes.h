@@ -20,7 +20,7 @@
 // both sides are integer words (a min or max), and select_bits where a side is fp32 arithmetic.
 #pragma once
 
-#include "host_device.h"
+#include "primitives.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -14,7 +14,6 @@
 //   (u: lamb_math.h).
 #pragma once
 
-#include "host_device.h"
 #include "primitives.h"
 
 namespace fused_optim {

@@ -4,7 +4,7 @@ torch's optimizers (fused and unfused) and apex's leave in ``p.grad`` what ``sca
 makes of the scaled grads, ``g * (1/scale)`` rounded to the grads' dtype, so code that logs,
 clips or accumulates grads after ``scaler.step(opt)`` sees true values. Our ops take the scale
 into the update and write the grads back in the same pass (the kernels' last pass over them,
-csrc/cpu/op_args.h, csrc/cuda/multi_tensor_apply.cuh; the reference after its update). The
+csrc/cpu/update_args.h, csrc/cuda/multi_tensor_apply.cuh; the reference after its update). The
 expected values here are torch's own unscale (``torch._amp_foreach_non_finite_check_and_unscale_``,
 the op ``GradScaler.unscale_`` runs), compared bit for bit: both compute one product of the
 grad and the fp32 (fp64 for fp64 grads) inverse of the scale, rounded once to the grads' dtype.

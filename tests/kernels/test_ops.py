@@ -210,3 +210,21 @@ def test_bf16_results_round_exactly_like_torch(lr):
         expected = in_fp32.to(torch.bfloat16)
         assert ((in_fp32.abs() < tiny) & (in_fp32 != 0)).any()
         assert ((expected.float().abs() < tiny) & (expected != 0)).any()
+
+
+@pytest.mark.parametrize("op", [op for op, spec in SPECS.items() if spec.compact])
+def test_a_list_op_refuses_state_in_another_dtype_and_names_its_compact_twin(op):
+    """A list op's state is in its values' dtype: its kernel knows no compact format (the compact
+    twin does), so bf16 moments of fp32 params are refused, naming the list and the twin, and
+    nothing changes (before, the list op ran them through the compact kernel)."""
+    args, kwargs = sample_args(op, torch.float32, amp=False)
+    params, grads, *rest = args
+    first = SPECS[op].compact_lists()[0][0]
+    rest[first] = [t.to(torch.bfloat16) for t in rest[first]]
+    before = [t.clone() for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
+    with pytest.raises(RuntimeError, match=rf"fused_optim::{op}: {SPECS[op].state[first].name}\[0\] has dtype "
+                                           rf"BFloat16 but the value it belongs to .* has Float; .*"
+                                           rf"compact twin, {op}compact_"):
+        getattr(torch.ops.fused_optim, op)(params, grads, *rest, **kwargs)
+    after = [t for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
