@@ -141,14 +141,7 @@ inline PlainState state_args(const char*, const UpdatedParams&, at::TensorList, 
 // values' device); returns the next slot (the compact overload's 8-bit absmax slots).
 inline int check_state_list(const char* op, const char* what, const UpdatedParams& params, at::TensorList ts,
                             const PlainState&, int slot) {
-  const auto values = params.values();
-  for (size_t i = 0; i < ts.size() && i < values.size(); ++i) {
-    TORCH_CHECK(ts[i].scalar_type() == values[i].scalar_type(), "fused_optim::", op, ": ", what, "[", i,
-                "] has dtype ", ts[i].scalar_type(), " but the value it belongs to (param or master) has ",
-                values[i].scalar_type(), "; state in another dtype (bf16, 8-bit) goes to the op's compact twin, ",
-                op, "compact_");
-  }
-  check_mutable(op, what, values, ts);
+  check_mutable(op, what, params.values(), ts, true);
   return slot + 1;
 }
 

@@ -223,7 +223,7 @@ def test_a_list_op_refuses_state_in_another_dtype_and_names_its_compact_twin(op)
     rest[first] = [t.to(torch.bfloat16) for t in rest[first]]
     before = [t.clone() for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
     with pytest.raises(RuntimeError, match=rf"fused_optim::{op}: {SPECS[op].state[first].name}\[0\] has dtype "
-                                           rf"BFloat16 but the value it belongs to .* has Float; .*"
+                                           rf"BFloat16 but its param has Float; .*"
                                            rf"compact twin, {op}compact_"):
         getattr(torch.ops.fused_optim, op)(params, grads, *rest, **kwargs)
     after = [t for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
