@@ -9,7 +9,7 @@
 // lamb_compact_ / colossal_lamb_compact_ are the same updates on compact state (compact_state.h):
 // pass 1 decodes m and v, updates them, sums ||u||^2 of the new (fp32) moments and encodes them;
 // pass 2 decodes the moments as stored and recomputes u from them (the reference's definition:
-// fused_optim/_reference.py _lamb). Nothing is kept between the passes.
+// fused_optim/_reference.py _lamb). Nothing is kept between the passes of compact state.
 // norm_sums / sums_only (two_pass.h: NormSums): S_p = sum p^2 and S_x = sum u^2 of pass 1's u;
 // the sums only run pass 1 with the moments read, not stored (written for every tensor, whether
 // or not the trust ratio is on), and leave the step counters and rounding keys as they were.

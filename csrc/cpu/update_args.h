@@ -138,11 +138,12 @@ struct PlainState {};
 inline PlainState state_args(const char*, const UpdatedParams&, at::TensorList, const PlainState&) { return {}; }
 
 // Checks state list `what` (one dense contiguous tensor per value, of its dtype and size, on the
-// values' device); returns the next slot (the compact overload's 8-bit absmax slots).
+// values' device); returns `slot`, the next free 8-bit absmax slot of the compact overload (plain
+// state takes none).
 inline int check_state_list(const char* op, const char* what, const UpdatedParams& params, at::TensorList ts,
                             const PlainState&, int slot) {
   check_mutable(op, what, params.values(), ts, true);
-  return slot + 1;
+  return slot;
 }
 
 // The streams of a plain update: each state tensor's and param's data as for_each_block takes it.

@@ -175,17 +175,22 @@ struct SumsScratch {
   }
 };
 
+// The compact twin's inputs (compact_args.h), or none for the list op.
+using MaybeCompact = std::optional<CompactInputs>;
+
 // A call's compact arguments (compact_args.h: the format from the state list `first`, checked as
 // the CPU kernels check them) for the kernels: the absmax pointers of its 8-bit lists (list-major,
 // as the op takes them) and the step's rounding keys copied to the device. The key tensors stay
 // int64 CPU tensors on every device: read here, advanced on the host by finish(); the element
-// offsets, with stochastic rounding, copied to the device too.
+// offsets, with stochastic rounding, copied to the device too. A list op (no CompactInputs) is
+// the call on plain state: `first` (named `what`), and so every state list checked against its
+// format, must be in the values' dtype (the CPU's PlainState, csrc/cpu/update_args.h).
 class CompactCall {
  public:
-  CompactCall(const char* op, const UpdatedParams& params, at::TensorList first, const CompactInputs& in,
-              at::Device device)
-      : args_(state_args(op, params, first, in)) {
-    if (args_.format == StateFormat::k8bit) absmaxes_ = pointers(in.absmaxes);
+  CompactCall(const char* op, const UpdatedParams& params, const char* what, at::TensorList first,
+              const MaybeCompact& in, at::Device device)
+      : args_(checked_args(op, params, what, first, in)) {
+    if (args_.format == StateFormat::k8bit) absmaxes_ = pointers(in->absmaxes);
     if (args_.stochastic()) {
       keys_ = on_device(args_.key_values, device);
       if (!args_.offsets.empty()) offsets_ = on_device(args_.offsets, device);
@@ -210,6 +215,12 @@ class CompactCall {
   }
 
  private:
+  static CompactArgs checked_args(const char* op, const UpdatedParams& params, const char* what, at::TensorList first,
+                                  const MaybeCompact& in) {
+    if (!in.has_value() && !first.empty()) check_mutable(op, what, params.values(), first, true);
+    return state_args(op, params, first, in.value_or(CompactInputs{}));
+  }
+
   // The host values as an int64 tensor on the device.
   static at::Tensor on_device(const std::vector<int64_t>& values, at::Device device) {
     at::Tensor host = at::empty({static_cast<int64_t>(values.size())}, at::kLong);
@@ -228,7 +239,7 @@ class CompactCall {
 void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorList params, at::TensorList grads_in,
                      at::TensorList bufs, at::TensorList masters, const c10::List<bool>& first_step,
                      cuda::SgdArgs args, double lr, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                     const OptTensor& found_inf, const CompactInputs& compact = {},
+                     const OptTensor& found_inf, const MaybeCompact& compact = {},
                      const OptTensor& norm_sums = std::nullopt, bool sums_only = false) {
   if (params.empty()) return;
   const cuda::NormSums phase{checked_norm_sums(op, norm_sums, sums_only, params), sums_only};
@@ -236,7 +247,7 @@ void sgd_family_cuda(const char* op, cuda::SgdDirection direction, at::TensorLis
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
   const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
-  const CompactCall call(op, updated, bufs, compact, device);
+  const CompactCall call(op, updated, "momentum_buffers", bufs, compact, device);
   if (args.momentum != 0.0) {
     check_state_list(op, "momentum_buffers", updated, bufs, call.args(), 0);
     TORCH_CHECK(first_step.size() == params.size() || first_step.empty(), "fused_optim::", op,
@@ -309,7 +320,7 @@ void sgd_call(at::TensorList params, at::TensorList grads, at::TensorList moment
               at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
               double dampening, double weight_decay, bool nesterov, bool maximize, bool wd_after_momentum,
               const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-              const CompactInputs& compact) {
+              const MaybeCompact& compact) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   a.maximize = maximize;
   a.wd_after_momentum = wd_after_momentum;
@@ -320,7 +331,7 @@ void sgd_call(at::TensorList params, at::TensorList grads, at::TensorList moment
 void sign_sgd_call(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
                    at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
                    double dampening, double weight_decay, bool nesterov, const OptTensor& lr_tensor,
-                   const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+                   const OptTensor& grad_scale, const OptTensor& found_inf, const MaybeCompact& compact) {
   sgd_family_cuda("sign_sgd_", cuda::SgdDirection::kSign, params, grads, momentum_buffers, master_params, first_step,
                   sgd_args(momentum, dampening, weight_decay, nesterov), lr, lr_tensor, grad_scale, found_inf,
                   compact);
@@ -331,7 +342,7 @@ void lars_call(at::TensorList params, at::TensorList grads, at::TensorList momen
                double dampening, double weight_decay, bool nesterov, double trust_coefficient, double eps,
                bool trust_clip, bool always_adapt, const OptTensor& norm_sums, bool sums_only,
                const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-               const CompactInputs& compact) {
+               const MaybeCompact& compact) {
   auto a = sgd_args(momentum, dampening, weight_decay, nesterov);
   if (weight_decay != 0.0 || always_adapt) {
     a.trust = cuda::TrustRatio::kLars;
@@ -347,7 +358,7 @@ void colossal_lars_call(at::TensorList params, at::TensorList grads, at::TensorL
                         at::TensorList master_params, const c10::List<bool>& first_step, double lr, double momentum,
                         double eeta, double weight_decay, double epsilon, bool lars, const OptTensor& norm_sums,
                         bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-                        const OptTensor& found_inf, const CompactInputs& compact) {
+                        const OptTensor& found_inf, const MaybeCompact& compact) {
   auto a = sgd_args(momentum, 0.0, lars ? weight_decay : 0.0, false);
   a.clamp = kColossalLarsGradClamp;
   if (lars) {
@@ -395,7 +406,7 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
                at::TensorList max_exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                double beta1, double beta2, double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                bool bias_correction, double div_scale, const OptTensor& lr_tensor, const OptTensor& grad_scale,
-               const OptTensor& found_inf, const CompactInputs& compact) {
+               const OptTensor& found_inf, const MaybeCompact& compact) {
   const char* op = "adam_";
   if (params.empty()) return;
   TORCH_CHECK(std::isfinite(div_scale) && div_scale > 0.0, "fused_optim::adam_: div_scale must be a finite number > 0, "
@@ -404,7 +415,7 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
   const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
-  const CompactCall call(op, updated, exp_avgs, compact, device);
+  const CompactCall call(op, updated, "exp_avgs", exp_avgs, compact, device);
   int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   slot = check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
   if (amsgrad) {
@@ -437,14 +448,14 @@ void adam_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
 
 void lion_call(at::TensorList params, at::TensorList grads_in, at::TensorList exp_avgs, at::TensorList master_params,
                double lr, double beta1, double beta2, double weight_decay, const OptTensor& lr_tensor,
-               const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+               const OptTensor& grad_scale, const OptTensor& found_inf, const MaybeCompact& compact) {
   const char* op = "lion_";
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
   const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
-  const CompactCall call(op, updated, exp_avgs, compact, device);
+  const CompactCall call(op, updated, "exp_avgs", exp_avgs, compact, device);
   check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
   cuda::LionArgs a;
@@ -465,14 +476,14 @@ void lion_call(at::TensorList params, at::TensorList grads_in, at::TensorList ex
 void adagrad_call(at::TensorList params, at::TensorList grads_in, at::TensorList sums, at::TensorList steps,
                   at::TensorList master_params, double lr, double lr_decay, double weight_decay, double eps,
                   bool maximize, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-                  const CompactInputs& compact) {
+                  const MaybeCompact& compact) {
   const char* op = "adagrad_";
   if (params.empty()) return;
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, master_params);
   const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
-  const CompactCall call(op, updated, sums, compact, device);
+  const CompactCall call(op, updated, "sums", sums, compact, device);
   check_state_list(op, "sums", updated, sums, call.args(), 0);
   auto step_ptrs = checked_steps(op, params, steps);
   const Scalars scalars(op, device, lr, lr_tensor, grad_scale, found_inf);
@@ -498,14 +509,14 @@ void run_lamb_cuda(const char* op, at::TensorList params, at::TensorList grads_i
                    at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList masters, cuda::LambArgs a,
                    double lr, const OptTensor& global_grad_norm, const OptTensor& norm_sums, bool sums_only,
                    const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-                   const CompactInputs& compact) {
+                   const MaybeCompact& compact) {
   if (params.empty()) return;
   const cuda::NormSums phase{checked_norm_sums(op, norm_sums, sums_only, params), sums_only};
   const at::Device device = device_of(op, params);
   const c10::cuda::CUDAGuard guard(device);
   const UpdatedParams updated = checked_params(op, params, masters);
   const auto grads = checked_grads(op, params, grads_in, scaled(grad_scale));
-  const CompactCall call(op, updated, exp_avgs, compact, device);
+  const CompactCall call(op, updated, "exp_avgs", exp_avgs, compact, device);
   const int slot = check_state_list(op, "exp_avgs", updated, exp_avgs, call.args(), 0);
   check_state_list(op, "exp_avg_sqs", updated, exp_avg_sqs, call.args(), slot);
   auto step_ptrs = checked_steps(op, params, steps);
@@ -541,7 +552,7 @@ void lamb_call(at::TensorList params, at::TensorList grads, at::TensorList exp_a
                double weight_decay, bool bias_correction, bool grad_averaging, bool adam_w_mode, double max_grad_norm,
                bool use_nvlamb, bool trust_clip, const OptTensor& global_grad_norm, const OptTensor& norm_sums,
                bool sums_only, const OptTensor& lr_tensor, const OptTensor& grad_scale, const OptTensor& found_inf,
-               const CompactInputs& compact) {
+               const MaybeCompact& compact) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = lamb_options(beta1, beta2, eps, weight_decay, bias_correction, grad_averaging,
                                               adam_w_mode, max_grad_norm, use_nvlamb, trust_clip);
@@ -553,7 +564,7 @@ void colossal_lamb_call(at::TensorList params, at::TensorList grads, at::TensorL
                         at::TensorList exp_avg_sqs, at::TensorList steps, at::TensorList master_params, double lr,
                         double beta1, double beta2, double eps, double weight_decay, bool adam, bool bias_correction,
                         const OptTensor& norm_sums, bool sums_only, const OptTensor& lr_tensor,
-                        const OptTensor& grad_scale, const OptTensor& found_inf, const CompactInputs& compact) {
+                        const OptTensor& grad_scale, const OptTensor& found_inf, const MaybeCompact& compact) {
   cuda::LambArgs a;
   static_cast<LambOptions&>(a) = colossal_lamb_options(beta1, beta2, eps, weight_decay, adam, bias_correction);
   run_lamb_cuda("colossal_lamb_", params, grads, exp_avgs, exp_avg_sqs, steps, master_params, a, lr, std::nullopt,

@@ -34,8 +34,9 @@ inline void check_same_size(const char* op, const char* what, at::TensorList ref
 }
 
 // The tensors `ts` an op updates in place, one per param: on params[0]'s device, dense and
-// contiguous, of their param's dtype and size. `state`: they are the state of a list op, whose
-// dtype error names the op's compact twin (the op for state in another dtype).
+// contiguous, of their param's dtype and size. `state`: they are the state of a list op, one per
+// value (`params` are the values: the params, or their masters), and a dtype error names the op's
+// compact twin, the op for the compact formats.
 inline void check_mutable(const char* op, const char* what, at::TensorList params, at::TensorList ts,
                           bool state = false) {
   check_same_size(op, what, params, ts);
@@ -46,9 +47,12 @@ inline void check_mutable(const char* op, const char* what, at::TensorList param
     TORCH_CHECK(t.layout() == at::kStrided && t.is_contiguous(), "fused_optim::", op, ": ", what, "[", i,
                 "] must be a dense contiguous tensor (it is updated in place)");
     TORCH_CHECK(t.scalar_type() == params[i].scalar_type(), "fused_optim::", op, ": ", what, "[", i, "] has dtype ",
-                t.scalar_type(), " but its param has ", params[i].scalar_type(),
-                state ? "; state in another dtype (bf16, 8-bit) goes to the op's compact twin, " : "", state ? op : "",
-                state ? "compact_" : "");
+                t.scalar_type(), " but ", state ? "the value it belongs to (param or master)" : "its param", " has ",
+                params[i].scalar_type(),
+                state ? "; this op takes state in its values' dtype, the compact formats (bf16 or 8-bit state, fp32 "
+                        "state of fp16/bf16 params) its compact twin, "
+                      : "",
+                state ? op : "", state ? "compact_" : "");
     TORCH_CHECK(t.numel() == params[i].numel(), "fused_optim::", op, ": ", what, "[", i, "] has ", t.numel(),
                 " elements but its param has ", params[i].numel());
   }

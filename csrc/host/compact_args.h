@@ -20,7 +20,9 @@ namespace fused_optim {
 // param, advanced by one per step), which roundings are stochastic, and each param's element
 // offset: the index in its whole tensor of its first element, where the param is a contiguous
 // part (a shard) of one; stochastic rounding draws an element's bits by its index in the whole
-// tensor (state_codes.h), so a shard's bits are the unsharded tensor's. A plain op has none.
+// tensor (state_codes.h), so a shard's bits are the unsharded tensor's. A list op has none: the
+// CPU kernels take its state as PlainState (csrc/cpu/update_args.h), the CUDA binding as the
+// CompactArgs of plain state after checking it (CompactCall).
 struct CompactArgs {
   at::TensorList absmaxes, keys;
   bool stochastic_state = false, stochastic_params = false;

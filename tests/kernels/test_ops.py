@@ -212,19 +212,24 @@ def test_bf16_results_round_exactly_like_torch(lr):
         assert ((expected.float().abs() < tiny) & (expected != 0)).any()
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("emulated cuda", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("op", [op for op, spec in SPECS.items() if spec.compact])
-def test_a_list_op_refuses_state_in_another_dtype_and_names_its_compact_twin(op):
+def test_a_list_op_refuses_state_in_another_dtype_and_names_its_compact_twin(op, device):
     """A list op's state is in its values' dtype: its kernel knows no compact format (the compact
     twin does), so bf16 moments of fp32 params are refused, naming the list and the twin, and
-    nothing changes (before, the list op ran them through the compact kernel)."""
+    nothing changes; the CUDA binding (run through the emulation) as the CPU kernel."""
+    library = torch.ops.fused_optim
+    if device == "emulated cuda":
+        fused_optim._build.load_emulated_cuda()
+        library = torch.ops.fused_optim_emulated_cuda
     args, kwargs = sample_args(op, torch.float32, amp=False)
     params, grads, *rest = args
     first = SPECS[op].compact_lists()[0][0]
     rest[first] = [t.to(torch.bfloat16) for t in rest[first]]
     before = [t.clone() for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
     with pytest.raises(RuntimeError, match=rf"fused_optim::{op}: {SPECS[op].state[first].name}\[0\] has dtype "
-                                           rf"BFloat16 but its param has Float; .*"
+                                           rf"BFloat16 but the value it belongs to \(param or master\) has Float; .*"
                                            rf"compact twin, {op}compact_"):
-        getattr(torch.ops.fused_optim, op)(params, grads, *rest, **kwargs)
+        getattr(library, op)(params, grads, *rest, **kwargs)
     after = [t for lst in (params, *rest) for t in lst if isinstance(t, torch.Tensor)]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
