@@ -261,19 +261,16 @@ struct Opened<Q8State> {
 };
 
 // A compact stream that is read, never written back (LAMB's second pass reads the moments its
-// first pass stored): decoded, not encoded. read_only() makes one of any stream.
+// first pass stored): decoded, not encoded. read_only() makes one of a compact stream (of a plain
+// one: update_args.h).
 template <typename Stream>
 struct ReadOnly {
   Stream stream;
 };
 
 template <typename Stream>
-auto read_only(const Stream& s) {
-  if constexpr (std::is_pointer_v<Stream>) {
-    return static_cast<const std::remove_pointer_t<Stream>*>(s);  // a plain stream: read through const
-  } else {
-    return ReadOnly<Stream>{s};
-  }
+ReadOnly<Stream> read_only(const Stream& s) {
+  return {s};
 }
 
 template <>
@@ -344,10 +341,6 @@ struct CompactStreams {
     } else {
       return Q8State{ptr<uint8_t>(list[t]), ptr<float>(c.absmaxes[slot * list.size() + t]), is_signed};
     }
-  }
-  template <typename Stream>
-  static auto read_only(const Stream& s) {
-    return fused_optim::read_only(s);
   }
   template <typename Fn>
   void with_param(int64_t t, const Fn& f) const {

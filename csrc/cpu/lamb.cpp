@@ -98,14 +98,14 @@ double grad_multiplier(const ContiguousTensors& grads, const std::vector<int64_t
   return lamb_grad_multiplier(a.amp.inv_scale, norm, a.max_grad_norm);
 }
 
-// A moment stream of `streams` as pass 1 takes it: written back (kStore), or read only (the sums
-// only: the new moments are computed in registers for u and dropped).
-template <bool kStore, typename Streams, typename Stream>
-auto stored_if(const Streams& streams, const Stream& s) {
+// A moment stream as pass 1 takes it: written back (kStore), or read only (the sums only: the new
+// moments are computed in registers for u and dropped).
+template <bool kStore, typename Stream>
+auto stored_if(const Stream& s) {
   if constexpr (kStore) {
     return s;
   } else {
-    return streams.read_only(s);
+    return read_only(s);
   }
 }
 
@@ -146,7 +146,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
             }
           },
           cptr<S>(params.values()[t]), grad_stream<T>(grads, t, kStore ? a.amp : AmpArgs{}),
-          stored_if<kStore>(s, m_of(t)), stored_if<kStore>(s, v_of(t)));
+          stored_if<kStore>(m_of(t)), stored_if<kStore>(v_of(t)));
       return std::array<double, 2>{lane_sum(p2), lane_sum(u2)};
     };
   };
@@ -191,7 +191,7 @@ void lamb_typed(const UpdatedParams& params, const ContiguousTensors& grads, at:
         s.with_param(t, [&](auto p) {
           s.for_each(
               begin, end, [&](auto& pv, auto& m, auto& v) { rule.apply(pv, step, rule.direction(pv, m, v)); }, p,
-              s.read_only(m_of(t)), s.read_only(v_of(t)));
+              read_only(m_of(t)), read_only(v_of(t)));
         });
       },
       norm.rows);

@@ -146,6 +146,13 @@ inline int check_state_list(const char* op, const char* what, const UpdatedParam
   return slot;
 }
 
+// A plain stream that is read, never written back (LAMB's second pass reads the moments its first
+// pass stored): read through const (compact streams: compact_state.h's overload).
+template <typename U>
+const U* read_only(U* stream) {
+  return stream;
+}
+
 // The streams of a plain update: each state tensor's and param's data as for_each_block takes it.
 // state()'s position arguments (k, slot, is_signed) are those of the compact streams'
 // (CompactStreams, compact_state.h, which a kernel's loop takes as well).
@@ -155,8 +162,6 @@ struct PlainStreams {
   const UpdatedParams& params;
 
   S* state(at::TensorList list, int64_t t, int, int, bool) const { return ptr<S>(list[t]); }
-  // A state stream that is read, never written (LAMB's second pass reads the moments its first stored).
-  static const S* read_only(S* stream) { return stream; }
   template <typename F>
   void with_param(int64_t t, const F& f) const {
     f(param_stream<T, S>(params, t));
