@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from . import _ops, fsdp1, param_state, sharding, state_formats
-from .checks import check_flag, check_lr, is_real, lr_missing
+from .checks import check_flag, check_lr, lr_missing
 from .fallback import FallbackPolicy, in_group_terms
 from .spec import OpSpec
 from .specs import SPECS
@@ -499,15 +499,16 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         before any group steps: a bad value set in a later group (``group["lr"] = None``) raises
         naming it and leaves every group as it was, instead of failing in that group's kernel call
         after the groups before it stepped. The lr, which schedulers and AdaScale change from step
-        to step, is left out of the comparison: every step checks only that it is a number or a
-        Tensor (what the kernels take), its range is checked with the group's other values."""
+        to step, is compared by its type only: a group whose lr stays a float (or a Tensor) is not
+        checked again, one whose lr became something else (``None``, a string) is."""
         for gi, group in enumerate(self.param_groups):
-            values = [v for k, v in group.items() if k != "params" and k != "lr"]
+            lr = group["lr"]
+            values = [type(lr), *(v for k, v in group.items() if k != "params" and k != "lr")]
             if self._checked.get(gi) != values:
+                if lr_missing(group):  # torch's "Invalid learning rate: None", not the constructor's message
+                    check_lr(lr)
                 self._check_group(group)
                 self._checked[gi] = values
-            elif not (is_real(group["lr"]) or isinstance(group["lr"], Tensor)):
-                check_lr(group["lr"])  # raises, naming it
 
     def _check_later_groups(self) -> None:
         """``_check_grads`` on the grads of every group after the first, before the first steps: a

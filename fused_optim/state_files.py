@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 from ._build import parents_problem
-from .optimizer import is_real
+from .checks import is_real
 
 PREFIX = "fused_optim_state_"  # the folders' names: PREFIX and mkdtemp's random suffix
 LOCK = "LOCK"  # in each folder: flock'ed by the process whose optimizer uses it
