@@ -266,17 +266,20 @@ def stage_sources(kind: str, directory: Path) -> Path:
     return root
 
 
-# The CPU sources' compile times, less the ATen headers every unit pays (~4.5 s): seconds at -O3 on
-# one core of an AMD EPYC (g++ 12), sources not listed ~2 s (UNLISTED_COMPILE_SECONDS).
+# The CPU sources' compile times, less the headers every unit pays (~5 s: ATen, torch/library.h):
+# seconds at -O3 on an AMD EPYC (g++ 12), two files compiling at a time as the build's two units
+# do; sources not listed ~2 s (UNLISTED_COMPILE_SECONDS). Each file's registrations (boxed
+# wrappers of its kernels and bucket twins) are part of its time.
 # translation_units balances the units by them; a stale number costs build time, never correctness.
-COMPILE_SECONDS = {"sgd.cpp": 28.0, "lamb.cpp": 19.0, "adam.cpp": 8.5, "register.cpp": 6.0, "grad_norms.cpp": 5.0}
+COMPILE_SECONDS = {"sgd.cpp": 51.0, "lamb.cpp": 36.0, "adam.cpp": 12.0, "adagrad.cpp": 8.5, "lion.cpp": 8.5,
+                   "lars.cpp": 5.5, "grad_norms.cpp": 4.0, "sparsified_sgd.cpp": 3.5}
 UNLISTED_COMPILE_SECONDS = 2.0
 
 
 def translation_units(sources: list[str], directory: Path) -> list[str]:
     """The files to compile: one per core, each ``#include``-ing a share of ``sources``.
 
-    Most of a small kernel file's compile time is the ATen headers (~4.5 s), so on 2 cores two
+    Most of a small kernel file's compile time is the headers (~5 s), so on 2 cores two
     units build about twice as fast as one per file. The shares are balanced by
     :data:`COMPILE_SECONDS` (longest first, each to the unit with the least so far); a unit
     includes its files in name order. ninja's header dependencies still cover the included files,

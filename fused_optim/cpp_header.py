@@ -1,14 +1,13 @@
 """The C++ side of the op specs: ``csrc/host/update_ops.h``, generated from
 :data:`fused_optim.specs.SPECS` so that C++ never spells an op's argument list by hand.
 
-The header declares, for every update op ``<name>_``, its CPU kernel ``<name>_cpu`` (defined in
-``csrc/cpu``) with the schema's arguments in the schema's order, and the X-macro
-``FUSED_OPTIM_UPDATE_OPS(X)`` that calls ``X(<name>)`` for every op, from which
-``csrc/cpu/register.cpp`` registers the CPU kernels and their bucket twins, and
-``csrc/cuda/binding.cpp`` its ``<name>_cuda`` kernels. Registration checks each kernel's C++
-signature against the schema, so loading a library whose kernel takes other arguments fails
-naming the op (and a CPU definition that differs from its declaration leaves the declared one
-undefined: loading fails naming it).
+The header declares, for every update op ``<name>_``, its CPU kernel ``<name>_cpu`` (defined,
+and registered with its bucket twin, in its file of ``csrc/cpu``) with the schema's arguments in
+the schema's order, and the X-macro ``FUSED_OPTIM_UPDATE_OPS(X)`` that calls ``X(<name>)`` for
+every op, from which ``csrc/cuda/binding.cpp`` registers its ``<name>_cuda`` kernels.
+Registration checks each kernel's C++ signature against the schema, so loading a library whose
+kernel takes other arguments fails naming the op; a CPU definition that differs from its
+declaration does not compile (its registration names an overloaded function).
 
 The header is generated into the source tree (and shipped) rather than at build time, so every
 build — the JIT ones, the nvcc compile check, a reader's editor — sees the same file;
@@ -93,11 +92,11 @@ def render(specs: dict[str, OpSpec] = SPECS) -> str:
 #include <cstdint>
 #include <optional>
 
-// X(name) for every update op `name_`: registers the kernels (csrc/cpu/register.cpp, binding.cpp).
+// X(name) for every update op `name_`: binding.cpp registers its CUDA kernels.
 #define FUSED_OPTIM_UPDATE_OPS(X) \\
 {names}
 
-// X(name) for every update op with a compact twin `name_compact_` (register.cpp, binding.cpp).
+// X(name) for every update op with a compact twin `name_compact_` (binding.cpp).
 #define FUSED_OPTIM_COMPACT_OPS(X) \\
 {compact_names}
 

@@ -6,6 +6,7 @@
 #include "compact_state.h"  // the compact twin
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "../shared/adagrad_math.h"
 
@@ -77,6 +78,16 @@ void adagrad_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorL
   adagrad_impl(model, grads, sums, steps, masters, lr, lr_decay, weight_decay, eps, maximize,
                CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
                grad_scale, found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("adagrad_", &adagrad_cpu);
+  m.impl("adagrad_compact_", &adagrad_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&adagrad_cpu>(m, "adagrad_");
+  impl_twin<&adagrad_compact_cpu>(m, "adagrad_compact_");
 }
 
 }  // namespace fused_optim

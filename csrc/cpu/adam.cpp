@@ -6,6 +6,7 @@
 #include "compact_state.h"  // the compact twin
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "../shared/adam_math.h"
 
@@ -106,6 +107,16 @@ void adam_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
             amsgrad, decoupled, maximize, bias_correction, div_scale,
             CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
             grad_scale, found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("adam_", &adam_cpu);
+  m.impl("adam_compact_", &adam_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&adam_cpu>(m, "adam_");
+  impl_twin<&adam_compact_cpu>(m, "adam_compact_");
 }
 
 }  // namespace fused_optim

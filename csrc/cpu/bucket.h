@@ -1,16 +1,21 @@
 // Buckets: tensor lists an optimizer registers once and refers to by id on every step; the
 // update ops' twins read the grads from the params, so a step passes no tensor list through the
-// dispatcher (see fused_optim/_ops.py). Thread-safe registry.
+// dispatcher (see fused_optim/_ops.py). This header holds what a twin does on a step (the
+// registry's lookup included) and impl_twin, which each kernel file registers its twins with; the
+// registry's own ops (bucket_new, bucket_free, bucket_grads_match) are bucket.cpp's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -18,14 +23,47 @@ namespace fused_optim {
 
 using TensorLists = std::vector<std::vector<at::Tensor>>;
 
+// The registry, thread-safe: each bucket's lists by id (one registry per library: the static of an
+// inline function).
+struct BucketRegistry {
+  std::mutex mutex;
+  std::unordered_map<int64_t, std::shared_ptr<const TensorLists>> lists;
+  int64_t next_id = 1;
+};
+
+inline BucketRegistry& bucket_registry() {
+  static BucketRegistry registry;
+  return registry;
+}
+
 // The lists of bucket `id` (throws a clear error for an unknown id).
-std::shared_ptr<const TensorLists> get_bucket(int64_t id);
+inline std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
+  BucketRegistry& registry = bucket_registry();
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  const auto it = registry.lists.find(id);
+  TORCH_CHECK(it != registry.lists.end(), "fused_optim: bucket ", id,
+              " does not exist (freed, or from another process)");
+  return it->second;
+}
 
 // Mark every tensor of the list as modified in place (what the list ops get from the dispatcher).
-void bump_versions(const std::vector<at::Tensor>& list);
+inline void bump_versions(const std::vector<at::Tensor>& list) {
+  for (const auto& t : list) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  }
+}
 
 // The .grad of each param, or an empty vector when one of them has none (then nothing may change).
-std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
+inline std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) {
+    const at::Tensor& g = p.mutable_grad();  // grad() also checks is_leaf for a warning: ~12 ns more
+    if (!g.defined()) return {};
+    grads.push_back(g);
+  }
+  return grads;
+}
 
 // What a bucket twin returns: whether it stepped.
 constexpr int64_t kStepped = 0;
@@ -113,6 +151,14 @@ template <auto* cpu>
 auto bucket_twin(const std::string& list_op) {
   using Fn = std::remove_pointer_t<decltype(cpu)>;
   return BucketTwin<Fn, cpu, typename ListOpSignature<Fn>::Rest>::make(list_op);
+}
+
+// Registers "<list_op>bucket", the twin of list op `list_op` implemented on the CPU by `cpu`. Each
+// kernel file registers its twins so, for CompositeExplicitAutograd: a twin may take no tensor
+// argument at all, and it runs the op for its bucket's device itself (run_on_device).
+template <auto* cpu>
+void impl_twin(torch::Library& m, const std::string& list_op) {
+  m.impl((list_op + "bucket").c_str(), bucket_twin<cpu>(list_op));
 }
 
 }  // namespace fused_optim

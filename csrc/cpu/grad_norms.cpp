@@ -17,6 +17,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/macros/Export.h>
 #include <torch/csrc/autograd/engine.h>  // queue_callback; get_current_graph_task_id (graph_task.h)
+#include <torch/library.h>
 
 #include <array>
 #include <mutex>
@@ -108,6 +109,14 @@ void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntAr
     }
   }
   if (!grads.empty()) sum_squares(sums, grads, grad_index);
+}
+
+
+// For CompositeExplicitAutograd: the norms call sum_squares_ for their tensors' device.
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  m.impl("grad_norm_hooks", &grad_norm_hooks);
+  m.impl("remove_grad_hooks", &remove_grad_hooks);
+  m.impl("grad_sum_squares_", &grad_sum_squares_);
 }
 
 }  // namespace fused_optim

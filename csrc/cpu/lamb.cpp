@@ -18,6 +18,7 @@
 #include "fixed_order_sums.h"
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "two_pass.h"
 #include "../shared/lamb_math.h"
@@ -324,6 +325,20 @@ void colossal_lamb_compact_cpu(at::TensorList params, at::TensorList grads, at::
                      adam, bias_correction, norm_sums, sums_only,
                      CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets},
                      lr_tensor, grad_scale, found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("lamb_", &lamb_cpu);
+  m.impl("lamb_compact_", &lamb_compact_cpu);
+  m.impl("colossal_lamb_", &colossal_lamb_cpu);
+  m.impl("colossal_lamb_compact_", &colossal_lamb_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&lamb_cpu>(m, "lamb_");
+  impl_twin<&lamb_compact_cpu>(m, "lamb_compact_");
+  impl_twin<&colossal_lamb_cpu>(m, "colossal_lamb_");
+  impl_twin<&colossal_lamb_compact_cpu>(m, "colossal_lamb_compact_");
 }
 
 }  // namespace fused_optim

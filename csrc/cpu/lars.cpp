@@ -8,6 +8,7 @@
 // stored (the trust ratio unscales the norm), written for every tensor when sums_only, whether or
 // not the trust ratio is on.
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "sgd_family.h"
 #include "../shared/trust_ratio.h"
@@ -117,6 +118,20 @@ void colossal_lars_compact_cpu(at::TensorList model, at::TensorList grads, at::T
                      norm_sums, sums_only,
                      CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
                      grad_scale, found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("lars_", &lars_cpu);
+  m.impl("lars_compact_", &lars_compact_cpu);
+  m.impl("colossal_lars_", &colossal_lars_cpu);
+  m.impl("colossal_lars_compact_", &colossal_lars_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&lars_cpu>(m, "lars_");
+  impl_twin<&lars_compact_cpu>(m, "lars_compact_");
+  impl_twin<&colossal_lars_cpu>(m, "colossal_lars_");
+  impl_twin<&colossal_lars_compact_cpu>(m, "colossal_lars_compact_");
 }
 
 }  // namespace fused_optim

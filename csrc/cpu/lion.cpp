@@ -5,6 +5,7 @@
 #include "compact_state.h"  // the compact twin
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "../shared/lion_math.h"
 
@@ -63,6 +64,16 @@ void lion_compact_cpu(at::TensorList model, at::TensorList grads, at::TensorList
   lion_impl(model, grads, exp_avgs, masters, lr, beta1, beta2, weight_decay,
             CompactInputs{absmaxes, keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor, grad_scale,
             found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("lion_", &lion_cpu);
+  m.impl("lion_compact_", &lion_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&lion_cpu>(m, "lion_");
+  impl_twin<&lion_compact_cpu>(m, "lion_compact_");
 }
 
 }  // namespace fused_optim

@@ -11,6 +11,7 @@
 #include "simd_blocks.h"
 
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 
 #include <cmath>
 
@@ -79,6 +80,11 @@ void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArr
   const auto squares = squares_per_tensor(tensors, op);
   double* out = ptr<double>(sums);
   for (size_t i = 0; i < squares.size(); ++i) out[index[i]] += squares[i];
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("l2norm", &l2norm_cpu);
+  m.impl("sum_squares_", &sum_squares_cpu);
 }
 
 }  // namespace fused_optim

@@ -17,6 +17,7 @@
 #include "ops.h"
 
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <string>
@@ -165,6 +166,11 @@ void powersgd_accumulate_cpu(at::TensorList memories, at::TensorList grads, at::
 
 void powersgd_decompress_cpu(at::TensorList memories, at::TensorList grads, at::TensorList pts, at::TensorList qts) {
   powersgd_pass<Decompress>("powersgd_decompress_", memories, grads, pts, qts);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("powersgd_accumulate_", &powersgd_accumulate_cpu);
+  m.impl("powersgd_decompress_", &powersgd_decompress_cpu);
 }
 
 }  // namespace fused_optim

@@ -5,6 +5,7 @@
 #include "fixed_order_sums.h"
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "sgd_family.h"
 #include "simd_blocks.h"
@@ -179,6 +180,20 @@ void sign_sgd_compact_cpu(at::TensorList params, at::TensorList grads, at::Tenso
            dampening, weight_decay, nesterov, false, false,
            CompactInputs{absmaxes, rounding_keys, stochastic_state, stochastic_params, element_offsets}, lr_tensor,
            grad_scale, found_inf);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("sgd_", &sgd_cpu);
+  m.impl("sgd_compact_", &sgd_compact_cpu);
+  m.impl("sign_sgd_", &sign_sgd_cpu);
+  m.impl("sign_sgd_compact_", &sign_sgd_compact_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&sgd_cpu>(m, "sgd_");
+  impl_twin<&sgd_compact_cpu>(m, "sgd_compact_");
+  impl_twin<&sign_sgd_cpu>(m, "sign_sgd_");
+  impl_twin<&sign_sgd_compact_cpu>(m, "sign_sgd_compact_");
 }
 
 }  // namespace fused_optim

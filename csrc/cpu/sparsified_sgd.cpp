@@ -8,6 +8,7 @@
 #include "../host/sparse_indices.h"
 #include "multi_tensor.h"
 #include "update_args.h"
+#include "bucket.h"
 #include "ops.h"
 #include "simd_blocks.h"
 
@@ -66,6 +67,14 @@ void sparsified_sgd_cpu(at::TensorList model, at::TensorList grads_in, at::Tenso
     for (size_t t = 0; t < model.size(); ++t) apply_sparse<T, S>(params, t, memories[t], indices[t]);
   });
   finish_grads(grads, amp);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
+  m.impl("sparsified_sgd_", &sparsified_sgd_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {
+  impl_twin<&sparsified_sgd_cpu>(m, "sparsified_sgd_");
 }
 
 }  // namespace fused_optim

@@ -1,5 +1,5 @@
-// The CUDA implementations of the ops of fused_optim/_ops.py (same C++ signatures as the CPU ones
-// in csrc/cpu/ops.h), registered for the CUDA key. A thin layer: check the tensors, turn the lists
+// The CUDA implementations of the ops of fused_optim/_ops.py (same C++ signatures as the CPU ones,
+// csrc/host/update_ops.h), registered for the CUDA key. A thin layer: check the tensors, turn the lists
 // into pointers and sizes, put lr / grad_scale / found_inf on the device, allocate the scratch of
 // per-tensor sums, and call the launchers of launch.h on the current stream. No host sync, except
 // sparsified_sgd_'s index draws (host random numbers, like the CPU kernel and the reference).

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <optional>
 
-// X(name) for every update op `name_`: registers the kernels (csrc/cpu/register.cpp, binding.cpp).
+// X(name) for every update op `name_`: binding.cpp registers its CUDA kernels.
 #define FUSED_OPTIM_UPDATE_OPS(X) \
   X(sgd) \
   X(sign_sgd) \
@@ -22,7 +22,7 @@
   X(lion) \
   X(adagrad)
 
-// X(name) for every update op with a compact twin `name_compact_` (register.cpp, binding.cpp).
+// X(name) for every update op with a compact twin `name_compact_` (binding.cpp).
 #define FUSED_OPTIM_COMPACT_OPS(X) \
   X(sgd) \
   X(sign_sgd) \

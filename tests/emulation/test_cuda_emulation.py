@@ -34,7 +34,7 @@ def test_the_emulated_ops_have_their_own_namespace_and_leave_the_cpu_ops_alone()
     resolve to the emulated ones, everything else (the bucket registry) to fused_optim's."""
     _build.load_emulated_cuda()
     real, emulated = (torch._C._dispatch_dump(f"{ns}::adam_") for ns in ("fused_optim", _ops.EMULATED_CUDA))
-    assert "cpu/register.cpp" in real and "binding.cpp" not in real
+    assert "cpu/adam.cpp" in real and "binding.cpp" not in real
     assert "CPU: registered at" in emulated and "cuda/binding.cpp" in emulated
     assert _ops.op("adam_") is torch.ops.fused_optim.adam_
     with fused_optim.testing.emulated_cuda():

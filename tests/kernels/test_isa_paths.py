@@ -56,7 +56,7 @@ def simd_sources() -> list[str]:
 def test_the_checked_sources_are_the_vectorized_kernels():
     names = {Path(s).name for s in simd_sources()}
     assert {"adam.cpp", "lamb.cpp", "lars.cpp", "sgd.cpp", "norm.cpp"} <= names
-    assert "register.cpp" not in names
+    assert "bucket.cpp" not in names
 
 
 @pytest.mark.slow
