@@ -1,8 +1,8 @@
 // Buckets: tensor lists an optimizer registers once and refers to by id on every step; the
 // update ops' twins read the grads from the params, so a step passes no tensor list through the
-// dispatcher (see fused_optim/_ops.py). This header holds what a twin does on a step (the
-// registry's lookup included) and impl_twin, which each kernel file registers its twins with; the
-// registry's own ops (bucket_new, bucket_free, bucket_grads_match) are bucket.cpp's.
+// dispatcher (see fused_optim/_ops.py). This header holds the twins, generated from their list
+// ops' kernels, and impl_twin, which each kernel file registers its twins with; bucket.cpp the
+// registry (bucket_new, bucket_free, bucket_grads_match) and the calls a twin makes per step.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,11 +11,9 @@
 #include <torch/library.h>
 
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <tuple>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -23,47 +21,14 @@ namespace fused_optim {
 
 using TensorLists = std::vector<std::vector<at::Tensor>>;
 
-// The registry, thread-safe: each bucket's lists by id (one registry per library: the static of an
-// inline function).
-struct BucketRegistry {
-  std::mutex mutex;
-  std::unordered_map<int64_t, std::shared_ptr<const TensorLists>> lists;
-  int64_t next_id = 1;
-};
-
-inline BucketRegistry& bucket_registry() {
-  static BucketRegistry registry;
-  return registry;
-}
-
 // The lists of bucket `id` (throws a clear error for an unknown id).
-inline std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
-  BucketRegistry& registry = bucket_registry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  const auto it = registry.lists.find(id);
-  TORCH_CHECK(it != registry.lists.end(), "fused_optim: bucket ", id,
-              " does not exist (freed, or from another process)");
-  return it->second;
-}
+std::shared_ptr<const TensorLists> get_bucket(int64_t id);
 
 // Mark every tensor of the list as modified in place (what the list ops get from the dispatcher).
-inline void bump_versions(const std::vector<at::Tensor>& list) {
-  for (const auto& t : list) {
-    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
-  }
-}
+void bump_versions(const std::vector<at::Tensor>& list);
 
 // The .grad of each param, or an empty vector when one of them has none (then nothing may change).
-inline std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> grads;
-  grads.reserve(params.size());
-  for (const auto& p : params) {
-    const at::Tensor& g = p.mutable_grad();  // grad() also checks is_leaf for a warning: ~12 ns more
-    if (!g.defined()) return {};
-    grads.push_back(g);
-  }
-  return grads;
-}
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
 
 // What a bucket twin returns: whether it stepped.
 constexpr int64_t kStepped = 0;
