@@ -19,9 +19,11 @@ $(PY):
 	python3 -m venv $(VENV)
 
 # timm: the bench peers (Lamb, Lars); fairscale: AdaScale's numerical reference in the tests;
-# --no-deps: never torchvision or another torch.
+# --no-deps: never torchvision or another torch. build/ goes first: setuptools would put in the
+# wheel the files it copied there for an earlier install, also those deleted from the sources since.
 install: $(PY)
 	$(PIP) torch==2.13.0 "setuptools>=64" wheel
+	rm -rf build
 	$(PIP) --no-build-isolation ".[all]"
 	$(PIP) --no-deps "timm==1.0.31" "fairscale==0.4.13"
 

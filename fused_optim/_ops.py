@@ -32,7 +32,8 @@ grads). The twins mutate tensors their schema does not name and bump their versi
 themselves: they are for plain eager steps, never traced; ``torch.compile`` uses the list ops.
 Both schemas come from the op's declaration in :mod:`.specs` (``OpSpec.schemas``,
 ``OpSpec.compact_schemas``), and the C++ side generates every twin from its list op's
-implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op needs no twin code.
+implementation (``bucket_twin`` in ``csrc/cpu/bucket.h``): a new update op's file registers its
+twin in one line (``impl_twin``).
 
 ``l2norm(tensors) -> (global, per_tensor)`` is the multi-tensor norm (see
 ``fused_optim.multi_tensor_l2norm``); the layer-wise ops (LARS, LAMB) compute their per-tensor

@@ -500,9 +500,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         naming it and leaves every group as it was, instead of failing in that group's kernel call
         after the groups before it stepped. The lr, which schedulers and AdaScale change from step
         to step, is compared by its type only: a group whose lr stays a float (or a Tensor) is not
-        checked again, one whose lr became something else (``None``, a string) is."""
+        checked again, one whose lr became another type is, lr included (``None``, a string, a
+        negative int or a 2-element Tensor raise; an lr set to -1.0 in place of a float is not
+        seen, as in torch.optim)."""
         for gi, group in enumerate(self.param_groups):
-            lr = group["lr"]
+            lr = group.get("lr")
             values = [type(lr), *(v for k, v in group.items() if k != "params" and k != "lr")]
             if self._checked.get(gi) != values:
                 if lr_missing(group):  # torch's "Invalid learning rate: None", not the constructor's message

@@ -67,8 +67,6 @@ void add_grad_squares(const at::Tensor& sums, const at::Tensor& counts, int64_t 
   }
 }
 
-}  // namespace
-
 std::vector<int64_t> grad_norm_hooks(at::TensorList params, c10::IntArrayRef index, const at::Tensor& sums,
                                      const at::Tensor& counts) {
   const char* op = "fused_optim::grad_norm_hooks";
@@ -111,6 +109,7 @@ void grad_sum_squares_(const at::Tensor& sums, at::TensorList params, c10::IntAr
   if (!grads.empty()) sum_squares(sums, grads, grad_index);
 }
 
+}  // namespace
 
 // For CompositeExplicitAutograd: the norms call sum_squares_ for their tensors' device.
 TORCH_LIBRARY_IMPL(fused_optim, CompositeExplicitAutograd, m) {

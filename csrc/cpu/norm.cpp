@@ -55,6 +55,8 @@ double squares_cpu(const at::Tensor& x, const char* op) {
   return squares_per_tensor(x, op)[0];
 }
 
+namespace {
+
 std::tuple<at::Tensor, at::Tensor> l2norm_cpu(at::TensorList tensors) {
   const auto squares = squares_per_tensor(tensors, "fused_optim::l2norm");
   bool any_double = false;
@@ -81,6 +83,8 @@ void sum_squares_cpu(const at::Tensor& sums, at::TensorList tensors, c10::IntArr
   double* out = ptr<double>(sums);
   for (size_t i = 0; i < squares.size(); ++i) out[index[i]] += squares[i];
 }
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("l2norm", &l2norm_cpu);

@@ -1,8 +1,8 @@
 // The CPU functions one kernel file calls of another. Each file registers the ops it implements
 // (TORCH_LIBRARY_IMPL at its end, for the schemas of fused_optim/_ops.py): the update ops' kernels
 // and, through impl_twin (bucket.h), their bucket twins. The kernels' declarations are generated
-// from the specs into ../host/update_ops.h, included here so that each definition is compiled
-// against the schema's signature.
+// from the specs into ../host/update_ops.h, included here so that each update kernel's definition
+// is compiled against its schema's signature.
 #pragma once
 
 #include <ATen/core/Tensor.h>

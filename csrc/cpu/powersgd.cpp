@@ -158,8 +158,6 @@ void powersgd_pass(const char* op, at::TensorList memories, at::TensorList grads
   });
 }
 
-}  // namespace
-
 void powersgd_accumulate_cpu(at::TensorList memories, at::TensorList grads, at::TensorList qts, at::TensorList pts) {
   powersgd_pass<Accumulate>("powersgd_accumulate_", memories, grads, pts, qts);
 }
@@ -167,6 +165,8 @@ void powersgd_accumulate_cpu(at::TensorList memories, at::TensorList grads, at::
 void powersgd_decompress_cpu(at::TensorList memories, at::TensorList grads, at::TensorList pts, at::TensorList qts) {
   powersgd_pass<Decompress>("powersgd_decompress_", memories, grads, pts, qts);
 }
+
+}  // namespace
 
 TORCH_LIBRARY_IMPL(fused_optim, CPU, m) {
   m.impl("powersgd_accumulate_", &powersgd_accumulate_cpu);

@@ -58,7 +58,12 @@ def test_lr_given_by_every_group_instead_of_the_constructor(cls, kwargs):
     (fused_optim.FusedAdam, {}, "weight_decay", None, r"Invalid weight_decay value: None"),
     (fused_optim.FusedLAMB, {}, "betas", (0.9,), r"Invalid betas: \(0\.9,\)"),
     (fused_optim.LARS, dict(momentum=0.9), "eps", "1e-8", r"Invalid epsilon value: 1e-8"),
-], ids=["sgd-lr", "sgd-momentum", "adam-weight_decay", "lamb-betas", "lars-eps"])
+    # an lr of another type than the float it was: checked as a new value (a float is not)
+    (fused_optim.FusedAdam, {}, "lr", "0.1", r"Invalid learning rate: 0\.1 \(lr must be a float >= 0\)"),
+    (fused_optim.FusedAdam, {}, "lr", -1, r"Invalid learning rate: -1 \(lr must be a float >= 0\)"),
+    (fused_optim.FusedSGD, {}, "lr", torch.tensor([0.1, 0.2]), r"Invalid learning rate: .*Tensor lr must be 1-element"),
+], ids=["sgd-lr", "sgd-momentum", "adam-weight_decay", "lamb-betas", "lars-eps", "adam-lr-str", "adam-lr-int",
+        "sgd-lr-2-element-tensor"])
 def test_a_bad_value_set_in_a_later_group_raises_before_any_group_steps(cls, kwargs, key, value, pattern):
     """The value is set after construction (as a schedule or user code would), in the second of two
     groups: the step raises naming it, and the first group's params and state are as they were

@@ -29,13 +29,17 @@ def test_the_op_has_a_reference_a_schema_a_cpu_kernel_and_op_tests(name):
     spec = op_spec(name)
     assert spec.reference is getattr(_reference, spec.name)
     _build.load("cpu")
-    for suffix, schema in spec.schemas().items():
-        qualified = f"fused_optim::{spec.name}{suffix}"
-        op = getattr(torch.ops.fused_optim, spec.name + suffix).default
-        assert op._schema == torch._C.parse_schema(qualified + schema)
-        # the list op's kernel is CPU's; the twin is registered for every backend
-        key = "CPU" if suffix == "" else "CompositeExplicitAutograd"
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key), f"{qualified} has no {key} kernel"
+    ops = {spec.name: spec.schemas()}  # the list op and its twin, and the compact twin and its twin
+    if spec.compact:
+        ops[spec.compact_name] = spec.compact_schemas()
+    for op_name, schemas in ops.items():
+        for suffix, schema in schemas.items():
+            qualified = f"fused_optim::{op_name}{suffix}"
+            op = getattr(torch.ops.fused_optim, op_name + suffix).default
+            assert op._schema == torch._C.parse_schema(qualified + schema)
+            # the list op's kernel is CPU's; the twin is registered for every backend
+            key = "CPU" if suffix == "" else "CompositeExplicitAutograd"
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key), f"{qualified} has no {key} kernel"
     assert spec.name in SCALARS  # enrolled in every op-level test of test_ops.py (and CUDA, Tensor lr)
 
 
