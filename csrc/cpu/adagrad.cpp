@@ -2,9 +2,8 @@
 // step counters incremented here. The math: csrc/shared/adagrad_math.h (per element and the
 // per-tensor step size, shared with the CUDA kernel); fused_optim/adagrad.py documents the class.
 // adagrad_compact_ is the same update on compact state (compact_state.h).
-#include "simd_blocks.h"  // before the shared rule (adagrad_math.h)
+#include "multi_tensor.h"  // before the shared rule (adagrad_math.h)
 #include "compact_state.h"  // the compact twin
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"

@@ -2,9 +2,8 @@
 // region, step counters incremented here. The math: csrc/shared/adam_math.h (per tensor and per
 // element, shared with the CUDA kernel); fused_optim/adam.py documents the class.
 // adam_compact_ is the same update on compact state (compact_state.h).
-#include "simd_blocks.h"  // before the shared rule (adam_math.h)
+#include "multi_tensor.h"  // before the shared rule (adam_math.h)
 #include "compact_state.h"  // the compact twin
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"

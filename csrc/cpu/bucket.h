@@ -1,8 +1,9 @@
 // Buckets: tensor lists an optimizer registers once and refers to by id on every step; the
 // update ops' twins read the grads from the params, so a step passes no tensor list through the
-// dispatcher (see fused_optim/_ops.py). This header holds the twins, generated from their list
-// ops' kernels, and impl_twin, which each kernel file registers its twins with; bucket.cpp the
-// registry (bucket_new, bucket_free, bucket_grads_match) and the calls a twin makes per step.
+// dispatcher (see fused_optim/_ops.py). This header holds all a twin runs: the registry's lists,
+// the twins, generated from their list ops' kernels, and impl_twin, which each kernel file
+// registers its twins with; bucket.cpp the ops Python calls when it makes or drops a bucket
+// (bucket_new, bucket_free, bucket_grads_match).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -11,9 +12,11 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -21,14 +24,46 @@ namespace fused_optim {
 
 using TensorLists = std::vector<std::vector<at::Tensor>>;
 
+// The registered buckets' lists by id (one registry per library: an inline variable).
+struct BucketRegistry {
+  std::mutex mutex;
+  std::unordered_map<int64_t, std::shared_ptr<const TensorLists>> lists;
+  int64_t next_id = 1;
+};
+inline BucketRegistry bucket_registry;
+
 // The lists of bucket `id` (throws a clear error for an unknown id).
-std::shared_ptr<const TensorLists> get_bucket(int64_t id);
+inline std::shared_ptr<const TensorLists> get_bucket(int64_t id) {
+  std::lock_guard<std::mutex> lock(bucket_registry.mutex);
+  const auto it = bucket_registry.lists.find(id);
+  TORCH_CHECK(it != bucket_registry.lists.end(), "fused_optim: bucket ", id,
+              " does not exist (freed, or from another process)");
+  return it->second;
+}
 
 // Mark every tensor of the list as modified in place (what the list ops get from the dispatcher).
-void bump_versions(const std::vector<at::Tensor>& list);
+inline void bump_versions(const std::vector<at::Tensor>& list) {
+  for (const auto& t : list) {
+    if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+  }
+}
 
 // The .grad of each param, or an empty vector when one of them has none (then nothing may change).
-std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params);
+// Out of line and flattened: inlined into a large translation unit, GCC may leave each grad's
+// reference count increment out of line, a call through the PLT per param and step.
+#if defined(__GNUC__)
+__attribute__((noinline, flatten))
+#endif
+inline std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) {
+    const at::Tensor& g = p.mutable_grad();  // grad() also checks is_leaf for a warning: ~12 ns more
+    if (!g.defined()) return {};
+    grads.push_back(g);
+  }
+  return grads;
+}
 
 // What a bucket twin returns: whether it stepped.
 constexpr int64_t kStepped = 0;

@@ -16,7 +16,7 @@
 // (dispatch_streams on CompactArgs), as it gets plain ones from update_args.h's PlainStreams.
 #pragma once
 
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 #include "update_args.h"
 #include "state_code_lanes.h"
 #include "../host/checks.h"

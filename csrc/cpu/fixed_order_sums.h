@@ -3,7 +3,6 @@
 // sum with (lane_sum, sum_of_squares: fixed accumulator and lane order).
 #pragma once
 
-#include "simd_blocks.h"
 #include "multi_tensor.h"
 
 #include <algorithm>

@@ -13,10 +13,9 @@
 // norm_sums / sums_only (two_pass.h: NormSums): S_p = sum p^2 and S_x = sum u^2 of pass 1's u;
 // the sums only run pass 1 with the moments read, not stored (written for every tensor, whether
 // or not the trust ratio is on), and leave the step counters and rounding keys as they were.
-#include "simd_blocks.h"  // before the shared rule (lamb_math.h)
+#include "multi_tensor.h"  // before the shared rule (lamb_math.h)
 #include "compact_state.h"  // the compact twins
 #include "fixed_order_sums.h"
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"

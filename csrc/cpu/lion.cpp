@@ -1,9 +1,8 @@
 // fused_optim::lion_ on the CPU: Lion over a whole bucket in one parallel region. The math:
 // csrc/shared/lion_math.h (per element, shared with the CUDA kernel); fused_optim/lion.py
 // documents the class. lion_compact_ is the same update on compact state (compact_state.h).
-#include "simd_blocks.h"  // before the shared rule (lion_math.h)
+#include "multi_tensor.h"  // before the shared rule (lion_math.h)
 #include "compact_state.h"  // the compact twin
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"

@@ -8,7 +8,7 @@
 #include "../host/checks.h"
 #include "fixed_order_sums.h"
 #include "ops.h"
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 
 #include <ATen/ops/empty.h>
 #include <torch/library.h>

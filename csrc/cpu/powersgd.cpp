@@ -12,7 +12,7 @@
 //   then their W lanes summed from lane 0 up.
 //   the sum over k: p₀·q₀, then fma(p_k, q_k, ·) for k = 1, …, r − 1 (for r = 1 one rounded product,
 //   as torch's matmul).
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 
 #include "ops.h"
 

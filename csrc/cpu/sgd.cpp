@@ -3,12 +3,11 @@
 //   sign_sgd_ mlbench SignSGD: torch SGD momentum on g + wd*p, then p <- p - lr*sign(d) (sign_sgd.py)
 #include "compact_state.h"  // the compact twins
 #include "fixed_order_sums.h"
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"
 #include "sgd_family.h"
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 #include "two_pass.h"
 
 #include <cmath>

@@ -7,7 +7,7 @@
 // sgd_family_after_norms, which has the numbers set from each tensor's ||p|| and ||g||.
 #pragma once
 
-#include "simd_blocks.h"  // before the shared rule (sgd_math.h)
+#include "multi_tensor.h"  // before the shared rule (sgd_math.h)
 #include "update_args.h"
 #include "two_pass.h"
 #include "../host/checks.h"

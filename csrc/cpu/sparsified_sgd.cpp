@@ -6,11 +6,10 @@
 //        shard applies those of its whole tensor inside its box)
 //   p[S] <- p[S] - memory[S] ; memory[S] <- 0
 #include "../host/sparse_indices.h"
-#include "multi_tensor.h"
 #include "update_args.h"
 #include "bucket.h"
 #include "ops.h"
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 
 namespace fused_optim {
 namespace {

@@ -6,7 +6,7 @@
 // widening and narrowing moves, the running absmax of a block, the lane indices.
 #pragma once
 
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 #include "../shared/state_codes.h"
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 // fp32 masters reads the half grads, updates the fp32 masters and the fp32 state in opmath, and
 // writes each param as its master rounded to nearest even: one pass, no fp32 grad copy. Kernels
 // are instantiated for (T, S): T the dtype of the params and grads, which leads the SIMD blocks
-// (simd_blocks.h), and S that of the values updated and of the state: T, or float with masters.
+// (multi_tensor.h), and S that of the values updated and of the state: T, or float with masters.
 //
 // The state of an update op is PlainState (its list op: every state tensor in S, a stream of
 // for_each_block is its data pointer) or CompactArgs (its compact twin, compact_state.h). A
@@ -16,7 +16,7 @@
 // opens each tensor's param and state streams and walks their elements.
 #pragma once
 
-#include "simd_blocks.h"
+#include "multi_tensor.h"
 #include "../host/checks.h"
 
 #include <ATen/core/List.h>

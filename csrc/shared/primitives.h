@@ -1,9 +1,9 @@
 // The primitives the shared update rules (*_math.h) use besides + - * /, for the value types the
 // rules are written on: float and double here (CUDA's per-element math, and every per-tensor rule,
-// on double), at::vec::Vectorized<float/double> in csrc/cpu/simd_blocks.h (the CPU's SIMD blocks,
+// on double), at::vec::Vectorized<float/double> in csrc/cpu/multi_tensor.h (the CPU's SIMD blocks,
 // declared there before the CPU includes a rule). The overloads of one name mean the same:
 //   mul_add(a, b, c)    a*b + c with one rounding (fused multiply-add; the CPU's SIMD blocks
-//                       round twice where the CPU has no FMA, see csrc/cpu/simd_blocks.h)
+//                       round twice where the CPU has no FMA, see csrc/cpu/multi_tensor.h)
 //   sqrt_of(x)          the square root
 //   max_of(a, b)        the larger of a and b; NaN when either is NaN (as torch.maximum)
 //   min_of(a, b)        b if b < a, else a (as std::min; per-tensor rules only)
@@ -53,7 +53,7 @@ FUSED_OPTIM_HD double clamp_of(double x, double lo, double hi) { return x < lo ?
 FUSED_OPTIM_HD float sign_of(float x) { return x > 0.f ? 1.f : x < 0.f ? -1.f : 0.f; }
 FUSED_OPTIM_HD double sign_of(double x) { return x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0; }
 
-// from_double<V>: static_cast for float and double; simd_blocks.h specializes FromDouble for
+// from_double<V>: static_cast for float and double; multi_tensor.h specializes FromDouble for
 // at::vec::Vectorized<M> (static_cast<M>, then every lane).
 template <typename V>
 struct FromDouble {

@@ -1,12 +1,12 @@
 """The CPU kernels compile on every x86-64 SIMD path, whichever one this machine's -march=native
-build takes. The kernels choose their code at compile time (csrc/cpu/simd_blocks.h,
+build takes. The kernels choose their code at compile time (csrc/cpu/multi_tensor.h,
 state_code_lanes.h, fixed_order_sums.h): AVX-512 with and without AVX512-BF16, AVX2 (with FMA), and
 neither (at::vec's default vectors). The build compiles only this CPU's path; here the compiler
 checks the others, targeting each with an -march a user's CPU would set (gcc needs no such CPU to
 compile for it).
 
 Each check is ``-fsyntax-only`` of one translation unit that includes every kernel source whose
-code depends on the path (those that include simd_blocks.h), with the build's flags, warnings as
+code depends on the path (those that include multi_tensor.h), with the build's flags, warnings as
 errors in our code, and an ``#error`` unless the path compiled is the one expected. That catches
 a path that does not compile (an identifier, type or overload that exists only on another path, a
 template that does not instantiate at another vector width) or that the -march no longer selects.
@@ -31,7 +31,7 @@ PATHS = {
     "avx2": (["-march=x86-64-v3"], "defined(CPU_CAPABILITY_AVX2)"),
     "default": (["-march=x86-64-v2"], "!defined(CPU_CAPABILITY_AVX512) && !defined(CPU_CAPABILITY_AVX2)"),
 }
-SIMD_HEADER = "simd_blocks.h"
+SIMD_HEADER = "multi_tensor.h"
 TIMEOUT = 900  # catches a hang only: the four checks take ~18 s together on 2 idle cores, ~60 s loaded
 
 
