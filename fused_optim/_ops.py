@@ -133,7 +133,17 @@ EMULATED_CUDA = "fused_optim_emulated_cuda"
 EMULATED_CUDA_OPS = {**{name: variants[""] for name, variants in (UPDATE_OPS | COMPACT_OPS).items()},
                      "l2norm": L2NORM_SCHEMA, "sum_squares_": SUM_SQUARES_SCHEMA}
 _emulated_lib: torch.library.Library | None = None
-_emulating = 0  # depth of routed_to_emulated_cuda() blocks
+
+
+class Routing:
+    """Where :func:`op` sends the names the emulated CUDA library has: ``emulated_cuda``, the
+    depth of :func:`routed_to_emulated_cuda` blocks (0: the CPU kernels). An attribute, not a
+    function, so that a steady step reads it without a call."""
+
+    emulated_cuda = 0
+
+
+ROUTING = Routing()
 
 
 def define_emulated_cuda_ops() -> None:
@@ -150,22 +160,17 @@ def define_emulated_cuda_ops() -> None:
 def routed_to_emulated_cuda():
     """Inside the block :func:`op` gives the emulated CUDA library's op for the names it has (see
     ``fused_optim.testing.emulated_cuda``, which loads that library first)."""
-    global _emulating
-    _emulating += 1
+    ROUTING.emulated_cuda += 1
     try:
         yield
     finally:
-        _emulating -= 1
-
-
-def emulating_cuda() -> bool:
-    return _emulating > 0
+        ROUTING.emulated_cuda -= 1
 
 
 def op(name: str):
     """The registered op ``torch.ops.fused_optim.<name>`` (its CPU kernel needs the JIT build), or
     inside :func:`routed_to_emulated_cuda` ``torch.ops.fused_optim_emulated_cuda.<name>`` where
     that library has it."""
-    if _emulating and name in EMULATED_CUDA_OPS:
+    if ROUTING.emulated_cuda and name in EMULATED_CUDA_OPS:
         return getattr(getattr(torch.ops, EMULATED_CUDA), name)
     return getattr(torch.ops.fused_optim, name)

@@ -99,6 +99,13 @@ class CPUAdam(FusedAdam):
         finally:
             self._div_scale = None
 
+    def _scalars(self, group: dict) -> dict:
+        """FusedAdam's, and the op's ``div_scale`` when the step was given one."""
+        scalars = super()._scalars(group)
+        if self._div_scale is not None:
+            scalars["div_scale"] = self._div_scale
+        return scalars
+
     def _init_state(self, p, state, group) -> None:
         super()._init_state(p, state, group)
         self.state_files.place(p, state)

@@ -76,6 +76,7 @@ def run_closure(closure: Callable[[], Any] | None) -> Any:
 class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     op_name: ClassVar[str]
     _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
+    _item_scalars: ClassVar[tuple]  # (scalar, group key, index) from the op's spec
     _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
     _spec: ClassVar[OpSpec]  # the op's declaration (specs.py)
     _moments: ClassVar[list]  # (state key, signed) of the state a compact format may hold, from the spec
@@ -96,7 +97,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
                 raise TypeError(f"{cls.__name__}.op_name = {cls.op_name!r} has no OpSpec; declare the op in "
                                 "fused_optim/specs.py")
             spec = cls._spec = SPECS[cls.op_name]
-            cls._group_scalars, cls._computed_scalars = spec.group_scalars(), spec.computed_scalars()
+            cls._group_scalars, cls._item_scalars = spec.group_scalars(), spec.item_scalars()
+            cls._computed_scalars = spec.computed_scalars()
+            # the ops a steady step calls: the bucket twins of the list op and of its compact twin
+            cls._twins = {False: _ops.op(spec.name + "bucket"),
+                          True: _ops.op(spec.compact_name + "bucket") if spec.compact else None}
             cls._moments = param_state.compact_keys(spec)
             cls._flags = (*spec.group_flags(), *cls.extra_flags, "master_weights", "stochastic_rounding")
 
@@ -136,9 +141,11 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         return self._spec.lists(group, states, fresh)
 
     def _scalars(self, group: dict) -> dict:
-        """The op's keyword scalars: each a group value, or computed by its spec's function (one
-        dict build per group and step)."""
+        """The op's keyword scalars: each a group value, an item of one as a float, or computed by
+        its spec's function (one dict build per group and step)."""
         scalars = {name: group[key] for name, key in self._group_scalars}
+        for name, key, i in self._item_scalars:
+            scalars[name] = float(group[key][i])
         for name, compute in self._computed_scalars:
             scalars[name] = compute(self, group)
         return scalars
@@ -325,14 +332,16 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
         Under ``fused_optim.testing.emulated_cuda()`` this does what the twin does for CUDA params
         (read the grads, call the list op: ``run_on_device`` in csrc/cpu/bucket.h) with the emulated
         CUDA library's list op: the twin itself would run the CPU kernels on these CPU tensors."""
-        name, flags = (self.op_name, {}) if bucket.compact is None else (self._spec.compact_name, bucket.compact)
-        if _ops.emulating_cuda():
+        compact = bucket.compact is not None
+        flags = bucket.compact if compact else {}
+        if _ops.ROUTING.emulated_cuda:
             grads = [p.grad for p in bucket.params]
             if any(g is None for g in grads):
                 return False
+            name = self._spec.compact_name if compact else self.op_name
             _ops.op(name)(bucket.params, grads, *bucket.state, *bucket.per_step, **amp, **scalars, **flags)
             return True
-        return _ops.op(name + "bucket")(bucket.bucket_id(), *bucket.per_step, **amp, **scalars, **flags) == 0
+        return self._twins[compact](bucket.bucket_id(), *bucket.per_step, **amp, **scalars, **flags) == 0
 
     def _cached_plan(self, group: dict) -> Plan | None:
         """The group's plan if its lists are still those of the group's params, layout and state."""

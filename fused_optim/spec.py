@@ -65,11 +65,13 @@ MASTER_PARAMS = StateList("master_params", "master_param", "master", when="maste
 @dataclass(frozen=True)
 class Scalar:
     """A keyword scalar: ``<type> <name>[=<default>]`` in the schema, whose value an optimizer
-    takes from ``source``: a group key, or a function ``(optimizer, group) -> value``."""
+    takes from ``source``: a group key (the value as it is), ``(group key, i)`` (item ``i`` of the
+    value, as a float: ``("betas", 0)``), a function ``(optimizer, group) -> value``, or None (the
+    schema's default, unless a class passes the scalar itself: CPUAdam's ``div_scale``)."""
 
     name: str
     type: str
-    source: str | Callable[[Any, dict], Any]
+    source: str | tuple[str, int] | Callable[[Any, dict], Any] | None
     default: str | None = None
 
     def schema(self) -> str:
@@ -303,7 +305,11 @@ class OpSpec:
         """The group keys of the boolean scalars read from the group as they are."""
         return tuple(s.source for s in self.scalars if s.type == "bool" and isinstance(s.source, str))
 
+    def item_scalars(self) -> tuple[tuple[str, str, int], ...]:
+        """``(scalar name, group key, i)`` of the scalars read as item ``i`` of a group value."""
+        return tuple((s.name, *s.source) for s in self.scalars if isinstance(s.source, tuple))
+
     def computed_scalars(self) -> tuple[tuple[str, Callable[[Any, dict], Any]], ...]:
         """``(scalar name, function (optimizer, group) -> value)`` of the computed scalars."""
-        return tuple((s.name, s.source) for s in self.scalars if not isinstance(s.source, str))
+        return tuple((s.name, s.source) for s in self.scalars if callable(s.source))
 

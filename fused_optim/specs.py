@@ -33,12 +33,9 @@ def _bool(key: str) -> Scalar:
     return Scalar(key, "bool", key)
 
 
-def _beta(i: int, as_float: bool) -> Scalar:
-    """``beta<i+1>`` from the group's ``betas`` pair; ``as_float`` converts torch.optim's Tensor
-    betas (FusedAdam accepts them)."""
-    if as_float:
-        return Scalar(f"beta{i + 1}", "float", lambda opt, group: float(group["betas"][i]))
-    return Scalar(f"beta{i + 1}", "float", lambda opt, group: group["betas"][i])
+def _beta(i: int) -> Scalar:
+    """``beta<i+1>`` from the group's ``betas`` pair, as a float (torch.optim's Tensor betas too)."""
+    return Scalar(f"beta{i + 1}", "float", ("betas", i))
 
 
 _SGD_SCALARS = (_float("lr"), _float("momentum"), _float("dampening"), _float("weight_decay"), _bool("nesterov"))
@@ -48,12 +45,6 @@ _SGD_SAMPLE = dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, neste
 def _lamb_global_norm(opt, group: dict):
     """The norm of all groups' grads when the group clips (None: the op takes its own grads')."""
     return opt._grad_norm if group["max_grad_norm"] else None
-
-
-def _div_scale(opt, group: dict) -> float:
-    """ColossalAI's ``step(div_scale=d)`` divisor of the grads in the update (CPUAdam sets it for
-    the step; 1: none). Unlike ``grad_scale`` it is never taken out of the grads written back."""
-    return getattr(opt, "_div_scale", None) or 1.0
 
 
 def _sparse_grad_size(opt, group: dict) -> int:
@@ -98,16 +89,19 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     ),
     OpSpec(
         "adam_", (*_MOMENTS, StateList("max_exp_avg_sqs", "max_exp_avg_sq", "nonnegative", when="amsgrad"), *_STEPS), (),
-        (_float("lr"), _beta(0, as_float=True), _beta(1, as_float=True), _float("eps"), _float("weight_decay"),
+        (_float("lr"), _beta(0), _beta(1), _float("eps"), _float("weight_decay"),
          _bool("amsgrad"), Scalar("decoupled", "bool", "decoupled_weight_decay"), _bool("maximize"),
-         Scalar("bias_correction", "bool", "bias_correction", "True"), Scalar("div_scale", "float", _div_scale, "1.")),
+         Scalar("bias_correction", "bool", "bias_correction", "True"),
+         # ColossalAI's step(div_scale=d) divisor of the grads in the update (CPUAdam passes it;
+         # 1: none). Unlike grad_scale it is never taken out of the grads written back.
+         Scalar("div_scale", "float", None, "1.")),
         _reference.adam_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=True, decoupled=True,
              maximize=False, bias_correction=True), compact=True,
     ),
     OpSpec(
         "lamb_", (*_MOMENTS, *_STEPS), (),
-        (_float("lr"), _beta(0, as_float=False), _beta(1, as_float=False), _float("eps"), _float("weight_decay"),
+        (_float("lr"), _beta(0), _beta(1), _float("eps"), _float("weight_decay"),
          _bool("bias_correction"), _bool("grad_averaging"), _bool("adam_w_mode"),
          Scalar("max_grad_norm", "float", lambda opt, group: float(group["max_grad_norm"] or 0.0)),
          _bool("use_nvlamb"), _bool("trust_clip"),
@@ -120,7 +114,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     ),
     OpSpec(
         "colossal_lamb_", (*_MOMENTS, *_STEPS), (),
-        (_float("lr"), _beta(0, as_float=False), _beta(1, as_float=False), _float("eps"), _float("weight_decay"),
+        (_float("lr"), _beta(0), _beta(1), _float("eps"), _float("weight_decay"),
          _bool("adam"), _bool("bias_correction"), *_NORM_SUMS),
         _reference.colossal_lamb_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-6, weight_decay=0.01, adam=False, bias_correction=True),
@@ -128,7 +122,7 @@ SPECS: dict[str, OpSpec] = {spec.name: spec for spec in (
     ),
     OpSpec(
         "lion_", (StateList("exp_avgs", "exp_avg"),), (),
-        (_float("lr"), _beta(0, as_float=False), _beta(1, as_float=False), _float("weight_decay")),
+        (_float("lr"), _beta(0), _beta(1), _float("weight_decay")),
         _reference.lion_,
         dict(lr=1e-2, beta1=0.9, beta2=0.99, weight_decay=0.1), compact=True,
     ),

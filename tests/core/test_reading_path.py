@@ -1,8 +1,8 @@
 """docs/design.md's reading path lists the files one steady-state fp32 ``FusedAdam`` step on the
 CPU runs through. Its Python files are those a traced step calls into, no more and no fewer; its
-C++ files are adam.cpp, bucket.cpp and the headers adam.cpp includes, but for those a plain step
-runs nothing of (named here, so that a new include asks for a decision); its count says how many
-files the table lists."""
+C++ files are adam.cpp and the headers it includes, but for those a plain step runs nothing of
+(named here, so that a new include asks for a decision); its count says how many files the table
+lists."""
 
 import gc
 import re
@@ -37,15 +37,21 @@ def reading_path() -> list[str]:
     return files
 
 
-def python_files_of_a_steady_step() -> set[str]:
-    """The modules of fused_optim (as ``fused_optim/<module>.py``) a third fp32 FusedAdam step
-    calls functions of: the first made the state and the plan, the second ran the cached plan."""
+def stepped_twice() -> fused_optim.FusedAdam:
+    """An fp32 FusedAdam after two steps: the first made the state and the plan, the second ran
+    the cached plan."""
     params = [torch.nn.Parameter(torch.randn(257)) for _ in range(3)]
     opt = fused_optim.FusedAdam(params, lr=1e-3, fused=True)
     for p in params:
         p.grad = torch.randn_like(p)
     opt.step()
     opt.step()
+    return opt
+
+
+def python_files_of_a_steady_step() -> set[str]:
+    """The modules of fused_optim (as ``fused_optim/<module>.py``) a third step calls functions of."""
+    opt = stepped_twice()
     package = Path(fused_optim.__file__).parent  # the installed copy under `make test`
     called = set()
 
@@ -82,11 +88,21 @@ def test_the_python_files_of_the_reading_path_are_those_a_step_runs():
     assert python_files_of_a_steady_step() == listed
 
 
-def test_the_cpp_files_of_the_reading_path_are_the_kernel_its_twin_and_what_they_include():
+def test_a_steady_step_dispatches_the_bucket_twin_only():
+    """No other op (bucket.cpp's bucket_new / bucket_grads_match, an ATen op) runs in the step:
+    the C++ files of the path are the twin's and the kernel's."""
+    opt = stepped_twice()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        opt.step()
+    ops = {e.name for e in prof.events() if "::" in e.name}
+    assert ops == {"fused_optim::adam_bucket"}
+
+
+def test_the_cpp_files_of_the_reading_path_are_the_kernel_and_what_it_includes():
     listed = {f for f in reading_path() if not f.endswith(".py")}
     kernel = ROOT / "csrc" / "cpu" / "adam.cpp"
     headers = {p.relative_to(ROOT).as_posix() for p in included(kernel, set())}
-    assert listed == {"csrc/cpu/adam.cpp", "csrc/cpu/bucket.cpp"} | (headers - NOT_RUN)
+    assert listed == {"csrc/cpu/adam.cpp"} | (headers - NOT_RUN)
     assert NOT_RUN <= headers  # each still included (else it leaves this list)
 
 
