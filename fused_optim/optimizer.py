@@ -78,6 +78,7 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
     _group_scalars: ClassVar[tuple]  # (scalar, group key) from the op's spec
     _item_scalars: ClassVar[tuple]  # (scalar, group key, index) from the op's spec
     _computed_scalars: ClassVar[tuple]  # (scalar, function (optimizer, group) -> value) from the op's spec
+    _twins: ClassVar[dict]  # compact? -> the bucket twin op a step calls (its list op's, its compact twin's)
     _spec: ClassVar[OpSpec]  # the op's declaration (specs.py)
     _moments: ClassVar[list]  # (state key, signed) of the state a compact format may hold, from the spec
     # The group's boolean options, checked by check_flag: the op's boolean scalars read from the
@@ -99,7 +100,6 @@ class FusedOptimizer(FallbackPolicy, torch.optim.Optimizer):
             spec = cls._spec = SPECS[cls.op_name]
             cls._group_scalars, cls._item_scalars = spec.group_scalars(), spec.item_scalars()
             cls._computed_scalars = spec.computed_scalars()
-            # the ops a steady step calls: the bucket twins of the list op and of its compact twin
             cls._twins = {False: _ops.op(spec.name + "bucket"),
                           True: _ops.op(spec.compact_name + "bucket") if spec.compact else None}
             cls._moments = param_state.compact_keys(spec)
